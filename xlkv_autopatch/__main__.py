@@ -1,0 +1,27 @@
+"""Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve]``."""
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m xlkv_autopatch")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("status", help="installed vLLM, flag, activation paths and which patches apply")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--no-resolve", action="store_true", help="do not import vLLM to resolve patch targets")
+    args = parser.parse_args(argv)
+    from . import report
+
+    info = report.collect(resolve=not args.no_resolve)
+    if args.json:
+        json.dump(info, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(report.render(info))
+    return 0 if info["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

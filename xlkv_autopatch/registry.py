@@ -1,0 +1,408 @@
+"""Patch registry: declarative patch specs, post-import hooks, exact undo.
+
+A :class:`PatchSpec` names one attribute of vLLM to wrap: the module and class that
+expose it, the attribute, its kind (method / classmethod / property / function /
+attribute), the vLLM versions it is for and the parameters its target must have.
+Specs that belong together form a :class:`PatchGroup`, applied all-or-nothing when its
+trigger module is imported (wrapt post-import hook: nothing is imported early).
+
+The wrapper is placed on the class that *defines* the attribute (found through the MRO),
+so aliases (``NixlConnector = NixlPullConnector``) and siblings (pull/push) all see it.
+Applying twice (``.pth`` + plugin, fork) leaves one wrapper.  :meth:`Registry.uninstall`
+restores ``vars(owner)`` exactly.
+"""
+
+import importlib
+import inspect
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import wrapt
+
+from . import versions
+from .errors import XlkvError, XlkvGuardError, XlkvUnsupportedVersion
+
+logger = logging.getLogger("vllm.xlkv_autopatch")
+
+KINDS = ("method", "classmethod", "property", "function", "attribute")
+
+#: vLLM releases the shipped patches cover (each group narrows this further).
+SUPPORTED_VLLM = ">=0.12,<0.34"
+
+FIX = "unset ENABLE_XLKV to run stock vLLM, or install a vLLM release in %s" % SUPPORTED_VLLM
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One wrapped attribute.
+
+    ``wrapper(wrapped, instance, args, kwargs)`` is a wrapt-style wrapper.  For kind
+    ``attribute`` (a plain class attribute such as a ``ClassVar[bool]``) it is called as
+    ``wrapper(original_value, instance, owner_class)`` and returns the value to expose;
+    the spec then installs a descriptor on the *named* class (``on_named_class``).
+    """
+
+    name: str
+    module: str
+    owner: Optional[str]  # class name in ``module``; None for a module-level function
+    attr: str
+    kind: str
+    wrapper: Callable
+    params: Optional[Tuple[str, ...]] = None  # expected parameter names, None = unchecked
+    on_named_class: bool = False  # True: override on the named class, not the MRO owner
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError("unknown patch kind %r" % (self.kind,))
+        if self.kind == "function" and self.owner is not None:
+            raise ValueError("a module function has no owner class")
+
+    @property
+    def target(self):
+        return "%s:%s" % (self.module, "%s.%s" % (self.owner, self.attr) if self.owner else self.attr)
+
+
+@dataclass(frozen=True)
+class PatchGroup:
+    """Specs applied together when ``trigger`` is imported, for vLLM versions ``vllm``."""
+
+    name: str
+    trigger: str
+    vllm: str
+    patches: Tuple[PatchSpec, ...]
+    precheck: Optional[Callable[[], None]] = None  # raise XlkvError to refuse
+    doc: str = ""
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+class XlkvFunctionWrapper(wrapt.FunctionWrapper):
+    """Marker type: a wrapper this package installed."""
+
+
+class XlkvProperty(property):
+    """Marker type: a property rebuilt around a wrapped getter."""
+
+
+class XlkvAttribute:
+    """Descriptor replacing a plain class attribute; computed on class and instance access."""
+
+    def __init__(self, original, compute, name):
+        self.original = original
+        self._compute = compute
+        self.__name__ = name
+
+    def __get__(self, instance, owner=None):
+        return self._compute(self.original, instance, owner if owner is not None else type(instance))
+
+    def __repr__(self):
+        return "<xlkv attribute %s over %r>" % (self.__name__, self.original)
+
+
+OURS = (XlkvFunctionWrapper, XlkvProperty, XlkvAttribute)
+
+
+@dataclass
+class Resolved:
+    spec: PatchSpec
+    holder: object  # class or module that receives the wrapper
+    original: object  # raw value from vars(holder) (or the inherited value)
+    had_own: bool  # holder defined the attribute itself
+    already: bool  # an xlkv wrapper is already there (fork, double trigger)
+
+
+@dataclass
+class Record:
+    spec: PatchSpec
+    holder: object
+    original: object
+    had_own: bool
+    wrapper: object
+
+
+def _describe(obj):
+    return "%s.%s" % (getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", getattr(obj, "__name__", "?")))
+
+
+def _function_of(raw, kind):
+    if kind == "classmethod" or isinstance(raw, (classmethod, staticmethod)):
+        return raw.__func__
+    if kind == "property":
+        return raw.fget
+    return raw
+
+
+def resolve(spec):
+    """Find where ``spec`` lands and check the target's shape; raise XlkvGuardError."""
+    module = sys.modules.get(spec.module)
+    if module is None:
+        try:
+            module = importlib.import_module(spec.module)
+        except ImportError as e:
+            raise XlkvGuardError("%s: module %s cannot be imported (%s)" % (spec.name, spec.module, e)) from e
+    if spec.owner is None:
+        holder = module
+        if spec.attr not in vars(module):
+            raise XlkvGuardError("%s: %s has no attribute %s" % (spec.name, spec.module, spec.attr))
+        raw = vars(module)[spec.attr]
+        had_own = True
+    else:
+        named = getattr(module, spec.owner, None)
+        if not inspect.isclass(named):
+            raise XlkvGuardError("%s: %s has no class %s" % (spec.name, spec.module, spec.owner))
+        definer = next((k for k in named.__mro__ if spec.attr in vars(k)), None)
+        if definer is None:
+            raise XlkvGuardError("%s: %s.%s does not exist" % (spec.name, spec.owner, spec.attr))
+        raw = vars(definer)[spec.attr]
+        if spec.on_named_class:
+            holder, had_own = named, definer is named
+        else:
+            holder, had_own = definer, True
+    already = isinstance(vars(holder).get(spec.attr), OURS)
+    if already:
+        return Resolved(spec, holder, None, had_own, True)
+    _check_kind(spec, raw)
+    if spec.params is not None:
+        try:
+            got = tuple(inspect.signature(_function_of(raw, spec.kind)).parameters)
+        except (TypeError, ValueError) as e:
+            raise XlkvGuardError("%s: cannot read the signature of %s (%s)" % (spec.name, spec.target, e)) from e
+        if got != tuple(spec.params):
+            raise XlkvGuardError(
+                "%s: %s has parameters %s, the patch expects %s" % (spec.name, spec.target, got, tuple(spec.params))
+            )
+    return Resolved(spec, holder, raw, had_own, False)
+
+
+def _check_kind(spec, raw):
+    kind = spec.kind
+    ok = {
+        "classmethod": isinstance(raw, classmethod),
+        "property": isinstance(raw, property),
+        "method": inspect.isfunction(raw),
+        "function": inspect.isfunction(raw),
+        "attribute": not (callable(raw) or isinstance(raw, (property, classmethod, staticmethod))),
+    }[kind]
+    if not ok:
+        raise XlkvGuardError(
+            "%s: %s is a %s, the patch expects a %s" % (spec.name, spec.target, type(raw).__name__, kind)
+        )
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass
+class _State:
+    installed: bool = False
+    active: bool = False
+    sources: List[str] = field(default_factory=list)
+    version: Optional[str] = None
+    records: List[Record] = field(default_factory=list)
+    applied_groups: List[str] = field(default_factory=list)
+    first_calls: set = field(default_factory=set)
+    pid: int = 0
+
+
+class Registry:
+    def __init__(self, groups_provider, supported=SUPPORTED_VLLM, version_provider=versions.vllm_version):
+        self._groups_provider = groups_provider
+        self.supported = supported
+        self._version_provider = version_provider
+        self._lock = threading.RLock()
+        self.state = _State()
+
+    # -- selection -------------------------------------------------------------
+    def groups(self):
+        return list(self._groups_provider())
+
+    def groups_for(self, version):
+        return [g for g in self.groups() if versions.in_range(version, g.vllm)]
+
+    def check_version(self, version):
+        """Raise XlkvUnsupportedVersion unless ``version`` is covered."""
+        if not versions.in_range(version, self.supported):
+            raise XlkvUnsupportedVersion(
+                "xlkv_autopatch: ENABLE_XLKV is set but vLLM %s is not supported (supported: %s); %s"
+                % (version, self.supported, FIX)
+            )
+        if not self.groups_for(version):
+            raise XlkvUnsupportedVersion(
+                "xlkv_autopatch: ENABLE_XLKV is set but no patch set covers vLLM %s; %s" % (version, FIX)
+            )
+
+    # -- install ---------------------------------------------------------------
+    def install(self, source="api"):
+        with self._lock:
+            st = self.state
+            if source not in st.sources:
+                st.sources.append(source)
+            if st.installed:
+                return False
+            st.installed = True
+            st.active = True
+            st.pid = os.getpid()
+            version = self._version_provider()
+            st.version = version
+            if version is None:
+                logger.debug("xlkv_autopatch: vLLM is not installed; nothing to patch")
+                return True
+            try:
+                self.check_version(version)
+            except XlkvUnsupportedVersion as err:
+                message = str(err)
+
+                def refuse(_module, _message=message):
+                    raise XlkvUnsupportedVersion(_message)
+
+                # Loud at vLLM import (or now, if vLLM is already imported: wrapt runs the
+                # hook at once).  Processes that never import vLLM (pip, ...) are untouched.
+                wrapt.register_post_import_hook(refuse, "vllm")
+                return True
+            for group in self.groups_for(version):
+                wrapt.register_post_import_hook(self._hook(group), group.trigger)
+            return True
+
+    def _hook(self, group):
+        def hook(_module):
+            self.apply_group(group)
+
+        return hook
+
+    def apply_group(self, group):
+        """Resolve every spec of ``group``, then apply all of them or none."""
+        with self._lock:
+            st = self.state
+            if not st.active:
+                return []
+            try:
+                if group.precheck is not None:
+                    group.precheck()
+                resolved = [resolve(spec) for spec in group.patches]
+            except XlkvError as err:
+                raise type(err)("%s (vLLM %s, patch set %s); %s" % (err, st.version, group.name, FIX)) from err
+            applied = []
+            try:
+                for r in resolved:
+                    if not r.already:
+                        applied.append(self._apply(r))
+            except Exception as err:  # undo, so no process runs half-patched
+                for rec in reversed(applied):
+                    self._revert(rec)
+                raise XlkvGuardError(
+                    "xlkv_autopatch: could not apply patch set %s on vLLM %s: %s; %s" % (group.name, st.version, err, FIX)
+                ) from err
+            st.records.extend(applied)
+            if applied:
+                st.applied_groups.append(group.name)
+                logger.info(
+                    "xlkv_autopatch: patched %s (vllm %s, patch set %s, source=%s, pid=%d)",
+                    ", ".join("%s.%s" % (_describe(r.holder), r.spec.attr) for r in applied),
+                    st.version,
+                    group.name,
+                    "+".join(st.sources),
+                    os.getpid(),
+                )
+            return applied
+
+    def _gate(self, spec):
+        registry = self
+
+        def gate(wrapped, instance, args, kwargs):
+            if not registry.state.active:
+                return wrapped(*args, **kwargs)
+            registry._first_call(spec)
+            return spec.wrapper(wrapped, instance, args, kwargs)
+
+        return gate
+
+    def _first_call(self, spec):
+        st = self.state
+        if spec.name not in st.first_calls:
+            st.first_calls.add(spec.name)
+            logger.info("xlkv_autopatch: %s is active in this process (first call, pid=%d)", spec.name, os.getpid())
+
+    def _apply(self, r):
+        spec = r.spec
+        if spec.kind in ("method", "function", "classmethod"):
+            # For a classmethod wrapt binds the raw descriptor, so the wrapper sees the
+            # class it was called on as ``instance`` (not the class that defines it).
+            wrapper = XlkvFunctionWrapper(r.original, self._gate(spec))
+        elif spec.kind == "property":
+            p = r.original
+            wrapper = XlkvProperty(XlkvFunctionWrapper(p.fget, self._gate(spec)), p.fset, p.fdel, p.__doc__)
+        else:  # attribute
+            registry = self
+
+            def compute(original, instance, owner):
+                if not registry.state.active:
+                    return original
+                registry._first_call(spec)
+                return spec.wrapper(original, instance, owner)
+
+            wrapper = XlkvAttribute(r.original, compute, spec.attr)
+        setattr(r.holder, spec.attr, wrapper)
+        return Record(spec, r.holder, r.original, r.had_own, wrapper)
+
+    # -- undo ------------------------------------------------------------------
+    def _revert(self, rec):
+        current = vars(rec.holder).get(rec.spec.attr)
+        if current is not rec.wrapper:
+            logger.warning(
+                "xlkv_autopatch: %s.%s was changed by someone else; leaving it alone",
+                _describe(rec.holder),
+                rec.spec.attr,
+            )
+            return
+        if rec.had_own:
+            setattr(rec.holder, rec.spec.attr, rec.original)
+        else:
+            delattr(rec.holder, rec.spec.attr)
+
+    def uninstall(self):
+        """Restore every patched attribute; pending hooks become no-ops."""
+        with self._lock:
+            st = self.state
+            st.active = False
+            for rec in reversed(st.records):
+                self._revert(rec)
+            reverted = len(st.records)
+            st.records.clear()
+            st.applied_groups.clear()
+            st.installed = False
+            st.sources.clear()
+            return reverted
+
+    def applied(self):
+        return [(r.spec.name, _describe(r.holder), r.spec.attr) for r in self.state.records]
+
+
+def _default_groups():
+    from .patches import all_groups
+
+    return all_groups()
+
+
+REGISTRY = Registry(_default_groups)
+
+
+def install(source="api"):
+    return REGISTRY.install(source=source)
+
+
+def uninstall():
+    return REGISTRY.uninstall()
+
+
+def is_active():
+    return REGISTRY.state.active
+
+
+def groups_for(version: str) -> Sequence[PatchGroup]:
+    return REGISTRY.groups_for(version)
