@@ -1,6 +1,7 @@
 """Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve]``."""
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -14,7 +15,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from . import report
 
-    info = report.collect(resolve=not args.no_resolve)
+    # vLLM logs to stdout; keep stdout for the report alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        info = report.collect(resolve=not args.no_resolve)
     if args.json:
         json.dump(info, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

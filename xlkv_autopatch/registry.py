@@ -40,7 +40,8 @@ FIX = "unset ENABLE_XLKV to run stock vLLM, or install a vLLM release in %s" % S
 class PatchSpec:
     """One wrapped attribute.
 
-    ``wrapper(wrapped, instance, args, kwargs)`` is a wrapt-style wrapper.  For kind
+    ``wrapper(wrapped, instance, args, kwargs)`` is a wrapt-style wrapper (for a property,
+    ``instance`` is the object and ``wrapped`` the original getter).  For kind
     ``attribute`` (a plain class attribute such as a ``ClassVar[bool]``) it is called as
     ``wrapper(original_value, instance, owner_class)`` and returns the value to expose;
     the spec then installs a descriptor on the *named* class (``on_named_class``).
@@ -127,6 +128,8 @@ class Record:
 
 
 def _describe(obj):
+    if inspect.ismodule(obj):
+        return obj.__name__
     return "%s.%s" % (getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", getattr(obj, "__name__", "?")))
 
 
@@ -313,11 +316,14 @@ class Registry:
 
     def _gate(self, spec):
         registry = self
+        getter = spec.kind == "property"
 
         def gate(wrapped, instance, args, kwargs):
             if not registry.state.active:
                 return wrapped(*args, **kwargs)
             registry._first_call(spec)
+            if getter:  # property.fget(obj) is a plain call: hand the object over as instance
+                instance = args[0]
             return spec.wrapper(wrapped, instance, args, kwargs)
 
         return gate

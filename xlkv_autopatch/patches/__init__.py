@@ -1,9 +1,117 @@
 """The patch sets, one file per vLLM concept they change (see each module's docstring).
 
+=========================  ==================================================  ==========
+file                       vLLM attribute                                       releases
+=========================  ==================================================  ==========
+cross_layer_preference     NixlConnector.prefer_cross_layer_blocks              0.12-0.28
+cross_layer_registration   NixlConnector.register_cross_layers_kv_cache         0.12-0.15
+model_runner               VllmConfig.use_v2_model_runner                       0.22-0.28
+kv_cache_layout            NixlConnector.get_required_kvcache_layout            0.29-0.33
+compat_hash                compute_nixl_compatibility_hash (worker module)      0.16-0.33
+handshake                  NixlConnectorWorker._nixl_handshake,                 0.12-0.33
+                           NixlConnectorWorker._validate_remote_agent_handshake
+block_count                NixlConnectorWorker.register_kv_caches               0.12-0.33
+=========================  ==================================================  ==========
+
 :func:`all_groups` returns every :class:`~xlkv_autopatch.registry.PatchGroup`; the
-registry keeps those whose version range contains the installed vLLM.
+registry keeps those whose range contains the installed vLLM.  A group is applied
+all-or-nothing when its trigger module is imported.
 """
+
+import os
+
+from ..errors import XlkvError
+from ..registry import PatchGroup, PatchSpec
+from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
+               kv_cache_layout, model_runner)
+from ._glue import BW, C, CFG, N, PKG, W
+
+KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
+
+
+def refuse_kvcached():
+    """kvcached's autopatch rewrites the same NIXL layout hooks with a different layout."""
+    on = [f for f in KVCACHED_FLAGS if os.environ.get(f, "").strip().lower() in ("1", "true", "yes", "on")]
+    if on:
+        raise XlkvError(
+            "xlkv_autopatch: %s and ENABLE_XLKV are both set: kvcached's NIXL patch rewrites "
+            "NixlConnector.get_required_kvcache_layout and register_kv_caches for its own KV layout, which "
+            "contradicts the cross-layer layout. Fix: unset ENABLE_XLKV (or %s) on prefill and decode alike"
+            % ("/".join(on), on[0]))
+
+
+def _worker_specs(module, worker_cls, register=True, handshake_hash=True):
+    specs = [
+        PatchSpec("handshake.validate", module, worker_cls, "_validate_remote_agent_handshake", "method",
+                  handshake.validate_wrapper),
+    ]
+    if handshake_hash:
+        specs.append(PatchSpec("handshake.explain_mismatch", module, worker_cls, "_nixl_handshake", "method",
+                               handshake.handshake_wrapper))
+    if register:
+        specs.append(PatchSpec("block_count.register_kv_caches", module, worker_cls, "register_kv_caches", "method",
+                               block_count.register_wrapper, params=("self", "kv_caches")))
+    return specs
+
+
+def _hash_spec(module, params):
+    return PatchSpec("compat_hash.tag", module, None, "compute_nixl_compatibility_hash", "function",
+                     compat_hash.hash_wrapper, params=params)
+
+
+HASH_0_16 = ("vllm_config", "attn_backend_name", "cross_layers_blocks")
+HASH_0_28 = HASH_0_16 + ("transfer_mode",)
+HASH_0_29 = ("vllm_config", "attn_backend_name", "transfer_mode")
+LAYOUT_PARAMS = ("cls", "vllm_config")
+XL_REGISTER_PARAMS = ("self", "kv_cache", "attn_backend")
+
+
+def _backport_group(name, rng, prefer):
+    return PatchGroup(name, N, rng, tuple([
+        prefer,
+        PatchSpec("cross_layer_registration.redirect", N, "NixlConnector", "register_cross_layers_kv_cache",
+                  "method", cross_layer_registration.redirect_wrapper, params=XL_REGISTER_PARAMS,
+                  on_named_class=True),
+    ] + _worker_specs(N, "NixlConnectorWorker", handshake_hash=(name != "backport-0.12"))),
+        precheck=refuse_kvcached)
+
+
+def _native_prefer(module, owner):
+    return PatchSpec("cross_layer_preference.native", module, owner, "prefer_cross_layer_blocks", "property",
+                     cross_layer_preference.native_wrapper)
 
 
 def all_groups():
-    return []
+    return [
+        _backport_group("backport-0.12", ">=0.12,<0.13", PatchSpec(
+            "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "attribute",
+            cross_layer_preference.backport_attribute, on_named_class=True)),
+        _backport_group("backport-0.13", ">=0.13,<0.14", PatchSpec(
+            "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "attribute",
+            cross_layer_preference.backport_attribute, on_named_class=True)),
+        _backport_group("backport-0.14", ">=0.14,<0.16", PatchSpec(
+            "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "property",
+            cross_layer_preference.backport_property_wrapper, on_named_class=True)),
+        PatchGroup("native-0.16", N, ">=0.16,<0.20", tuple(
+            [_native_prefer(N, "NixlConnector"), _hash_spec(N, HASH_0_16)] + _worker_specs(N, "NixlConnectorWorker")),
+            precheck=refuse_kvcached),
+        PatchGroup("native-0.20", PKG, ">=0.20,<0.24", tuple(
+            [_native_prefer(C, "NixlConnector"), _hash_spec(W, HASH_0_16)] + _worker_specs(W, "NixlConnectorWorker")),
+            precheck=refuse_kvcached),
+        PatchGroup("native-0.24", PKG, ">=0.24,<0.28", tuple(
+            [_native_prefer(C, "NixlConnector"), _hash_spec(BW, HASH_0_16)]
+            + _worker_specs(BW, "NixlBaseConnectorWorker")),
+            precheck=refuse_kvcached),
+        PatchGroup("native-0.28", PKG, ">=0.28,<0.29", tuple(
+            [_native_prefer(C, "NixlConnector"), _hash_spec(BW, HASH_0_28)]
+            + _worker_specs(BW, "NixlBaseConnectorWorker")),
+            precheck=refuse_kvcached),
+        PatchGroup("runner-v1", CFG, ">=0.22,<0.29", (
+            PatchSpec("model_runner.force_v1", CFG, "VllmConfig", "use_v2_model_runner", "property",
+                      model_runner.runner_wrapper),)),
+        PatchGroup("layout-0.29", PKG, ">=0.29,<0.34", tuple(
+            [PatchSpec("kv_cache_layout.block_outermost", C, "NixlConnector", "get_required_kvcache_layout",
+                       "classmethod", kv_cache_layout.layout_wrapper, params=LAYOUT_PARAMS),
+             _hash_spec(BW, HASH_0_29)] + _worker_specs(BW, "NixlBaseConnectorWorker")),
+            precheck=refuse_kvcached),
+    ]

@@ -1,0 +1,62 @@
+"""Real-vLLM fixtures: one environment per release in XLKV_TEST_VLLM, shim installed in it.
+
+Environments come from tests/compat/mkenv.sh (one per torch pin; the vLLM package is
+swapped inside it), so tests are grouped by release: pytest orders the session-scoped
+parametrized fixture so that each release is installed once.
+
+XLKV_TEST_PYTHONS="0.28.0=/path/to/python ..." uses ready environments instead (each
+must have vLLM, nixl and the shim installed).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _releases():
+    given = dict(item.split("=", 1) for item in os.environ.get("XLKV_TEST_PYTHONS", "").split() if "=" in item)
+    if given:
+        return given
+    wanted = os.environ.get("XLKV_TEST_VLLM", "").split()
+    if wanted == ["none"]:
+        return {}
+    return {v: None for v in wanted}
+
+
+RELEASES = _releases()
+
+
+def _install_env(version):
+    r = subprocess.run(["bash", os.path.join(ROOT, "tests", "compat", "mkenv.sh"), version], capture_output=True,
+                       text=True, timeout=3000)
+    if r.returncode != 0:
+        raise RuntimeError("mkenv.sh %s failed:\n%s" % (version, r.stderr[-4000:]))
+    python = r.stdout.strip().splitlines()[-1]
+    r = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "wrapt>=1.14",
+                        "packaging>=21"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e", ROOT],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return python
+
+
+@pytest.fixture(scope="session", params=sorted(RELEASES) or [None],
+                ids=lambda v: "vllm-%s" % v if v else "no-vllm")
+def vllm_env(request):
+    version = request.param
+    if version is None:
+        pytest.skip("no vLLM release selected (XLKV_TEST_VLLM=none)")
+    python = RELEASES[version] or _install_env(version)
+    return version, python
+
+
+def run_in(python, args, env=None, timeout=600, **kw):
+    base = {k: v for k, v in os.environ.items() if k not in ("ENABLE_XLKV", "PYTHONPATH", "XLKV_VLLM_VERSION")}
+    base.update(env or {})
+    return subprocess.run([python] + list(args), capture_output=True, text=True, env=base, timeout=timeout,
+                          cwd=kw.pop("cwd", "/"), **kw)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install the test dependencies and run the whole test suite.
+#
+#   bash tests/run.sh [pytest args]
+#
+# 1. a virtual environment (.venv-test) with the shim installed editable + pytest;
+# 2. for the real-vLLM tests, one environment per torch pin (tests/compat/mkenv.sh;
+#    under $XLKV_ENVS, default /work/envs, reused when present) for each release in
+#    XLKV_TEST_VLLM, with the shim installed into it (editable: its .pth and entry point);
+# 3. one pytest run over tests/.
+#
+# XLKV_TEST_VLLM   releases for the real-vLLM tests (default: one per mechanism, the
+#                  CI subset); "none" skips them (they then count as skipped, not passed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${XLKV_TEST_VENV:-.venv-test}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v "is ignored: it is neither" >&2)
+export XLKV_TEST_VLLM=${XLKV_TEST_VLLM-"0.14.1 0.21.0 0.26.0 0.33.0"}
+exec "$VENV/bin/python" -m pytest tests "$@"

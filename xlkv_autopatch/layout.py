@@ -1,0 +1,173 @@
+"""Cross-layer layout arithmetic and decisions: pure Python, no vLLM, no torch.
+
+The vLLM glue in :mod:`xlkv_autopatch.patches` gathers facts from vLLM objects and asks
+these functions what to do, so the rules are unit-tested on their own.
+"""
+
+import hashlib
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+#: Attention backends whose cross-layer layout upstream vLLM supports (0.20+ list; 0.16-0.19
+#: and the 0.12-0.15 backport use the first two only).
+BACKENDS_0_16 = ("FLASH_ATTN", "FLASHINFER")
+BACKENDS_0_20 = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+
+#: vLLM >= 0.29 layout that makes every block one contiguous row covering all layers, with
+#: the per-layer page in FlashAttention's natural token-major order (N, H, C).
+BLOCK_OUTERMOST_LAYOUT = "BLNHC"
+BLOCK_OUTERMOST_LAYOUTS = ("BLHNC", "BLNHC", "BHLNC")
+#: Of those, the ones NIXL registers as a single whole-row region (BLHNC keeps one
+#: region per layer).
+WHOLE_ROW_LAYOUTS = ("BLNHC", "BHLNC")
+
+HASH_TAG = "xlkv-cross-layer-v1"
+
+
+@dataclass(frozen=True)
+class Decision:
+    use: bool
+    reason: str
+
+
+def backends_for(release: Tuple[int, ...]) -> Tuple[str, ...]:
+    return BACKENDS_0_20 if tuple(release[:2]) >= (0, 20) else BACKENDS_0_16
+
+
+def cross_layer_decision(
+    *,
+    backend: str,
+    kv_layout: Optional[str],
+    allowed_backends: Sequence[str],
+    use_mla: bool = False,
+    has_mamba: bool = False,
+    num_kv_groups: int = 1,
+    host_buffer: bool = False,
+    explicit_opt_in: Optional[str] = None,
+) -> Decision:
+    """Should this worker use one cross-layer KV tensor (vLLM 0.12-0.28)?
+
+    Mirrors the guards upstream vLLM applies to its own opt-in (backend allow-list, HND
+    layout, no Mamba) plus the ones the shim needs (no MLA, one KV group, no host
+    buffer).  ``explicit_opt_in`` is the user's ``enable_cross_layers_blocks`` value, if
+    any: an explicit false wins over ENABLE_XLKV.
+    """
+    if explicit_opt_in is not None and str(explicit_opt_in).strip().lower() != "true":
+        return Decision(False, "kv_connector_extra_config sets enable_cross_layers_blocks=%s" % explicit_opt_in)
+    if use_mla:
+        return Decision(False, "MLA models keep the stock layout (one latent cache per layer)")
+    if has_mamba:
+        return Decision(False, "hybrid Mamba/SSM models keep the stock layout")
+    if num_kv_groups != 1:
+        return Decision(False, "%d KV cache groups (hybrid attention); cross-layer needs exactly one" % num_kv_groups)
+    if backend not in allowed_backends:
+        return Decision(False, "attention backend %s is not in %s" % (backend, ", ".join(allowed_backends)))
+    if kv_layout != "HND":
+        return Decision(False, "KV cache layout is %s; cross-layer blocks need HND" % kv_layout)
+    if host_buffer:
+        return Decision(False, "host-buffer mode (kv_buffer_device differs from the device) copies per layer")
+    return Decision(True, "backend %s, HND layout, one KV group" % backend)
+
+
+def layout_decision(*, stock: Optional[str], env_layout: Optional[str]) -> Decision:
+    """Which KV-cache layout to ask vLLM >= 0.29 for."""
+    if stock is None:
+        return Decision(False, "NixlConnector requests no layout (MLA model or no model config)")
+    if env_layout:
+        return Decision(False, "VLLM_KV_CACHE_LAYOUT=%s is set explicitly and wins" % env_layout)
+    return Decision(True, "block-outermost %s: one contiguous row per block across all layers" % BLOCK_OUTERMOST_LAYOUT)
+
+
+def infer_kernel_block_size(numel: int, num_blocks: int, num_layers: int, num_kv_heads: int, head_size: int,
+                            kv_factor: int = 2) -> int:
+    """Kernel block size of a cross-layer tensor from its element count.
+
+    Raises ValueError when the numbers do not describe a whole tensor.
+    """
+    per_token = num_layers * num_kv_heads * head_size * kv_factor
+    denom = num_blocks * per_token
+    if num_blocks <= 0 or per_token <= 0 or numel % denom:
+        raise ValueError(
+            "cross-layer tensor of %d elements is not %d blocks x %d layers x %d heads x %d x %d"
+            % (numel, num_blocks, num_layers, num_kv_heads, head_size, kv_factor)
+        )
+    return numel // denom
+
+
+def registration_view_shape(numel: int, num_blocks: int, kernel_block_size: int,
+                            block_size_position: int) -> Tuple[int, ...]:
+    """A 4-D shape with the same elements that a per-layer-minded register_kv_caches
+    (vLLM 0.12-0.15) reads correctly: ``shape[0]`` is the block count and
+    ``shape[block_size_position]`` the kernel block size, so one region of
+    ``numel // num_blocks`` elements per block is registered."""
+    if block_size_position not in (-2, -3):
+        raise ValueError("unsupported block_size_position %r" % (block_size_position,))
+    per_block = numel // num_blocks
+    if numel % num_blocks or per_block % kernel_block_size:
+        raise ValueError("%d elements do not split into %d blocks of %d tokens" % (numel, num_blocks, kernel_block_size))
+    rest = per_block // kernel_block_size
+    if block_size_position == -3:
+        return (num_blocks, kernel_block_size, 1, rest)
+    return (num_blocks, 1, kernel_block_size, rest)
+
+
+def descriptors_per_block(*, num_layers: int, split_k_and_v: bool, blocks_first_doubling: bool,
+                          cross_layer: bool) -> int:
+    """NIXL descriptors one KV block costs in a transfer (homogeneous TP)."""
+    regions = 1 if cross_layer else num_layers * (2 if split_k_and_v else 1)
+    return regions * (2 if blocks_first_doubling else 1)
+
+
+def reconcile_block_counts(region_blocks: Dict[str, int], expected: int) -> Tuple[int, Optional[str]]:
+    """Pick the block count NIXL must register and index.
+
+    ``region_blocks`` maps each region (layer, or K/V of a layer) to the real size of its
+    block dimension; ``expected`` is the worker's budget (``kv_cache_config.num_blocks``
+    times the kernel ratio).  Returns ``(count, note)``: the tensors' real count (which
+    may exceed the budget: virtual over-allocation) and a note when it differs.  Raises
+    ValueError when tensors disagree or hold fewer blocks than the budget.
+    """
+    counts = set(region_blocks.values())
+    if not counts:
+        raise ValueError("no KV cache tensors to register")
+    if len(counts) > 1:
+        detail = ", ".join("%s=%d" % kv for kv in sorted(region_blocks.items())[:8])
+        raise ValueError("KV cache tensors disagree on their block count (%s)" % detail)
+    (real,) = counts
+    if real < expected:
+        raise ValueError("KV cache tensors hold %d blocks but the worker indexes %d" % (real, expected))
+    if real > expected:
+        return real, "tensors hold %d blocks, the scheduler budget is %d: registering all %d" % (real, expected, real)
+    return real, None
+
+
+def tag_hash(stock_hash: str) -> str:
+    """The compatibility hash a worker publishes when it uses xlkv's cross-layer layout."""
+    return hashlib.sha256(("%s|%s" % (stock_hash, HASH_TAG)).encode()).hexdigest()
+
+
+def explain_hash(remote: str, known: Dict[str, str]) -> Optional[str]:
+    return known.get(remote)
+
+
+def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_ratio: int,
+                               whole_row_layout: bool = False) -> Decision:
+    """Can a worker read a peer with a different TP size with this layout?
+
+    FlashAttention cross-layer blocks are (heads, layers, K/V, tokens, dim) with heads
+    outermost, so one TP rank's heads are one contiguous slice of the block: vLLM's
+    rank-offset arithmetic stays correct.  Blocks-first backends (K/V outermost) and the
+    >= 0.29 whole-row layouts are not sliceable that way.
+    """
+    if tp_ratio in (1, -1) or not cross_layer:
+        return Decision(True, "homogeneous TP" if tp_ratio in (1, -1) else "stock layout")
+    if whole_row_layout:
+        return Decision(False, "block-outermost layouts cannot be sliced by heads for heterogeneous TP")
+    if blocks_first:
+        return Decision(False, "cross-layer blocks of a blocks-first backend (K/V outermost) cannot be "
+                               "sliced by heads for heterogeneous TP")
+    return Decision(True, "heads are outermost in a FlashAttention cross-layer block")
+
+
+def summarize(decisions: Iterable[Decision]) -> str:
+    return "; ".join(d.reason for d in decisions)

@@ -1,0 +1,104 @@
+"""Shared vLLM glue for the patches: version facts, strict mode, once-only logging,
+module names.  Reads vLLM objects; decides nothing itself (see :mod:`..layout`)."""
+
+import logging
+import os
+import threading
+
+from .. import versions
+from ..errors import XlkvError
+
+logger = logging.getLogger("vllm.xlkv_autopatch")
+
+V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
+N = V1 + ".nixl_connector"  # 0.12-0.19: one module
+PKG = V1 + ".nixl"  # 0.20+: package
+C = PKG + ".connector"
+W = PKG + ".worker"
+BW = PKG + ".base_worker"
+MC = V1 + ".multi_connector"
+CFG = "vllm.config.vllm"
+
+NIXL_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
+
+_once_lock = threading.Lock()
+_once = set()
+
+
+def release():
+    """(major, minor, patch) of the installed vLLM (the release a dev build belongs to)."""
+    v = versions.parse(versions.vllm_version() or "0")
+    rel = tuple(v.release) if v is not None else (0,)
+    return (rel + (0, 0, 0))[:3]
+
+
+def once(key):
+    with _once_lock:
+        if key in _once:
+            return False
+        _once.add(key)
+        return True
+
+
+def info_once(key, msg, *args):
+    if once(("info", key)):
+        logger.info("xlkv_autopatch: " + msg, *args)
+
+
+def strict():
+    return os.environ.get("XLKV_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fallback(key, reason):
+    """ENABLE_XLKV is on but this configuration keeps the stock layout.
+
+    One WARNING per process and cause; with XLKV_STRICT=1 an error instead.
+    """
+    message = "ENABLE_XLKV is set but the stock per-layer KV layout is kept: %s" % reason
+    if strict():
+        raise XlkvError("xlkv_autopatch: %s (XLKV_STRICT=1 makes this an error; unset XLKV_STRICT to run "
+                        "with the stock layout, or unset ENABLE_XLKV)" % message)
+    if once(("fallback", key)):
+        logger.warning("xlkv_autopatch: %s", message)
+
+
+def uses_nixl(kv_transfer_config):
+    """Does this KV-transfer config run a NixlConnector (directly or in a MultiConnector)?"""
+    if kv_transfer_config is None:
+        return False
+    name = getattr(kv_transfer_config, "kv_connector", None)
+    if name in NIXL_CONNECTORS:
+        return True
+    if name == "MultiConnector":
+        extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+        for child in extra.get("connectors", []) or []:
+            if isinstance(child, dict) and child.get("kv_connector") in NIXL_CONNECTORS:
+                return True
+    return False
+
+
+def spec_names(kv_cache_config):
+    """(layer names, has_mamba, number of groups) from a KVCacheConfig, tolerant of None."""
+    if kv_cache_config is None:
+        return [], False, None
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", []) or [])
+    names = []
+    mamba = False
+    for g in groups:
+        names.extend(getattr(g, "layer_names", []) or [])
+        if "Mamba" in type(getattr(g, "kv_cache_spec", None)).__name__:
+            mamba = True
+    return names, mamba, len(groups)
+
+
+def bind(args, kwargs, *names):
+    """Positional-or-keyword arguments of a wrapped call, by name (self excluded)."""
+    out = []
+    for i, n in enumerate(names):
+        if n in kwargs:
+            out.append(kwargs[n])
+        elif i < len(args):
+            out.append(args[i])
+        else:
+            out.append(None)
+    return out

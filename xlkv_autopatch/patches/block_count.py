@@ -1,0 +1,93 @@
+"""NixlConnectorWorker.register_kv_caches: reconcile virtual and physical block counts.
+
+Why
+    NIXL descriptors are indexed ``region * num_blocks + block``: the block count the
+    worker registers and indexes must be every registered tensor's real block dimension
+    (in kernel blocks when the kernel block is smaller than the logical one).  vLLM
+    0.18+ take the count from the scheduler's budget (``kv_cache_config.num_blocks``
+    times the kernel ratio) and assert it equals the tensor's; allocators that
+    over-allocate virtual capacity (kvcached) hand over tensors with more blocks.  A
+    mismatch discovered after metadata is published would make the two sides index
+    different bytes.
+How
+    Before the original registration runs, the wrapper reads each region's block
+    dimension (K and V of FlashAttention per-layer tensors separately; cross-layer
+    tensors and >= 0.26 packed tensors as one), and: refuses when regions disagree or
+    hold fewer blocks than the budget; on 0.18-0.28, where both counts live in
+    ``num_blocks`` / ``_logical_num_blocks``, raises them to the tensors' real count
+    (INFO line); on 0.29+ (per-layer counts come from the KV cache config) refuses
+    over-allocation instead.  After registration it logs the regions and descriptors per
+    block once.
+vLLM versions
+    0.12-0.33 (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
+Removal
+    When vLLM derives the registered block count from the tensors.
+"""
+
+import logging
+
+from .. import layout
+from ..errors import XlkvMismatchError
+from ._glue import bind, info_once, release
+from .handshake import is_cross_layer
+
+logger = logging.getLogger("vllm.xlkv_autopatch")
+
+
+def _regions(value):
+    if isinstance(value, (list, tuple)):  # 0.12-0.15 cross-layer redirect; Mamba state tuples
+        return list(value)
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return []
+    if len(shape) == 5 and shape[0] == 2:  # FlashAttention per-layer (2, blocks, ...): K and V
+        return [value[0], value[1]]
+    return [value]
+
+
+def region_block_counts(kv_caches):
+    counts = {}
+    for name, value in kv_caches.items():
+        for i, region in enumerate(_regions(value)):
+            shape = getattr(region, "shape", None)
+            if shape is None or not len(shape):
+                return {}  # not a tensor layout this check understands (Mamba states)
+            counts["%s[%d]" % (name, i)] = int(shape[0])
+    return counts
+
+
+def register_wrapper(wrapped, instance, args, kwargs):
+    (kv_caches,) = bind(args, kwargs, "kv_caches")
+    counts = region_block_counts(kv_caches) if isinstance(kv_caches, dict) else {}
+    rel = release()
+    if counts and rel >= (0, 18, 0) and not getattr(instance, "_has_mamba", False):
+        expected = getattr(instance, "num_blocks", None)
+        if isinstance(expected, int) and expected > 0:
+            try:
+                real, note = layout.reconcile_block_counts(counts, expected)
+            except ValueError as e:
+                raise XlkvMismatchError("xlkv_autopatch: refusing to register the KV cache with NIXL: %s" % e) from e
+            if note:
+                if rel >= (0, 29, 0):
+                    raise XlkvMismatchError(
+                        "xlkv_autopatch: refusing to register the KV cache with NIXL: %s; vLLM %d.%d takes per-layer "
+                        "block counts from the KV cache config, so over-allocated tensors cannot be indexed safely. "
+                        "Fix: allocate exactly kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" % ((note,) + rel[:2]))
+                ratio = getattr(instance, "_physical_blocks_per_logical_kv_block", 1) or 1
+                if real % ratio:
+                    raise XlkvMismatchError("xlkv_autopatch: %d kernel blocks are not a whole number of logical "
+                                            "blocks (ratio %d)" % (real, ratio))
+                instance.num_blocks = real
+                if hasattr(instance, "_logical_num_blocks"):
+                    instance._logical_num_blocks = real // ratio
+                info_once("blocks", "%s", note)
+    elif counts and len(set(counts.values())) > 1:
+        raise XlkvMismatchError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
+                                "their block count (%s)" % ", ".join("%s=%d" % kv for kv in sorted(counts.items())[:8]))
+    result = wrapped(*args, **kwargs)
+    regions = getattr(instance, "num_regions", None)
+    blocks = getattr(instance, "num_blocks", None)
+    info_once("registered", "NIXL registration: %s region(s), %s blocks, %s layout, block lengths %s",
+              regions, blocks, "cross-layer" if is_cross_layer(instance) else "per-layer (stock)",
+              sorted(set(getattr(instance, "block_len_per_layer", []) or []))[:4])
+    return result

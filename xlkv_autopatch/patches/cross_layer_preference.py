@@ -1,0 +1,130 @@
+"""NixlConnector.prefer_cross_layer_blocks: ask the V1 model runner for one cross-layer KV tensor.
+
+Why
+    vLLM's V1 model runner allocates all layers' KV cache as one tensor whose block
+    dimension is outermost only when the connector's ``prefer_cross_layer_blocks`` is
+    True.  NixlConnector says False unless the user opts in per engine
+    (``kv_connector_extra_config={"enable_cross_layers_blocks": "True"}``, 0.16-0.28) or
+    not at all (0.12-0.15).  Without it every block costs one NIXL descriptor per layer
+    and per K/V.
+How
+    With ENABLE_XLKV set, the attribute answers as if the opt-in were given, keeping
+    upstream's own guards: 0.16-0.28 call the original property on a read-only view of
+    the connector whose extra config carries the opt-in (the user's config is never
+    edited); 0.12-0.15 (no NIXL support upstream) apply the same guards here (FLASH_ATTN
+    or FLASHINFER backend, HND layout, one KV group, no Mamba).  Both add MLA and
+    host-buffer mode to the exclusions.  A configuration that keeps the stock layout logs
+    one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
+    ``enable_cross_layers_blocks=false`` wins.
+vLLM versions
+    0.12-0.13: ``ClassVar[bool]`` on the base class, overridden on NixlConnector by a
+    descriptor; 0.14-0.15: base ``@property`` overridden on NixlConnector; 0.16-0.23:
+    NixlConnector's own property; 0.24-0.28: NixlBaseConnector's (pull and push).
+    0.29+ removed the API (see kv_cache_layout.py).
+Removal
+    When the oldest supported release has cross-layer blocks on by default for NIXL.
+"""
+
+import sys
+
+from .. import layout
+from ._glue import fallback, info_once, release, spec_names
+
+OPT_IN = "enable_cross_layers_blocks"
+
+
+class _ExtraConfigView:
+    """kv_transfer_config as the original property sees it: opt-in added, rest delegated."""
+
+    def __init__(self, config):
+        self._config = config
+        extra = dict(getattr(config, "kv_connector_extra_config", None) or {})
+        extra[OPT_IN] = "True"
+        self.kv_connector_extra_config = extra
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)
+
+
+class _OptInView:
+    """The connector as the original property sees it (attribute reads only)."""
+
+    def __init__(self, connector):
+        object.__setattr__(self, "_connector", connector)
+        object.__setattr__(self, "kv_transfer_config", _ExtraConfigView(connector.kv_transfer_config))
+
+    def __getattr__(self, name):
+        return getattr(self._connector, name)
+
+
+def _extra_guards(connector):
+    """Exclusions upstream's property leaves to other layers: MLA, host buffer."""
+    cfg = connector._vllm_config
+    if cfg.model_config is not None and cfg.model_config.use_mla:
+        return layout.Decision(False, "MLA models keep the stock layout")
+    worker = getattr(connector, "connector_worker", None)
+    if worker is not None and getattr(worker, "use_host_buffer", False):
+        return layout.Decision(False, "host-buffer mode (kv_buffer_device=cpu) copies per layer")
+    return layout.Decision(True, "")
+
+
+def native_wrapper(wrapped, instance, args, kwargs):
+    """0.16-0.28: the original property, evaluated with the opt-in present."""
+    explicit = (instance.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN)
+    if explicit is not None and str(explicit).strip().lower() != "true":
+        fallback("explicit-opt-out", "kv_connector_extra_config sets %s=%s" % (OPT_IN, explicit))
+        return wrapped(*args, **kwargs)
+    extra = _extra_guards(instance)
+    if not extra.use:
+        fallback(extra.reason, extra.reason)
+        return False
+    result = bool(wrapped(_OptInView(instance)))
+    if result:
+        info_once("prefer", "NixlConnector prefers cross-layer KV blocks (vLLM's own guards passed)")
+    else:
+        fallback("native-guards", "vLLM's cross-layer guards refused (backend not in %s, KV layout not HND, or "
+                                  "a Mamba/hybrid model)" % ", ".join(layout.backends_for(release())))
+    return result
+
+
+def _backport_decision(connector):
+    worker = getattr(connector, "connector_worker", None)
+    if worker is None:  # scheduler side: the model runner never asks there
+        return None
+    module = sys.modules[type(connector).__module__]
+    _, has_mamba, groups = spec_names(getattr(connector, "_kv_cache_config", None))
+    return layout.cross_layer_decision(
+        backend=worker.backend_name,
+        kv_layout=module.get_kv_cache_layout(),
+        allowed_backends=layout.BACKENDS_0_16,
+        use_mla=worker.use_mla,
+        has_mamba=has_mamba,
+        num_kv_groups=groups or 1,
+        host_buffer=getattr(worker, "use_host_buffer", False),
+        explicit_opt_in=(connector.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
+    )
+
+
+def _backport_result(connector):
+    decision = _backport_decision(connector)
+    if decision is None:
+        return None
+    if decision.use:
+        info_once("prefer", "NixlConnector prefers cross-layer KV blocks (%s)", decision.reason)
+    else:
+        fallback(decision.reason, decision.reason)
+    return decision.use
+
+
+def backport_property_wrapper(wrapped, instance, args, kwargs):
+    """0.14-0.15: base property (False) overridden on NixlConnector."""
+    result = _backport_result(instance)
+    return wrapped(*args, **kwargs) if result is None else result
+
+
+def backport_attribute(original, instance, owner):
+    """0.12-0.13: ClassVar False overridden on NixlConnector (class access stays False)."""
+    if instance is None:
+        return original
+    result = _backport_result(instance)
+    return original if result is None else result
