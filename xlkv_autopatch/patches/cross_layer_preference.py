@@ -101,7 +101,7 @@ def _backport_decision(connector):
         has_mamba=has_mamba,
         num_kv_groups=groups or 1,
         host_buffer=getattr(worker, "use_host_buffer", False),
-        explicit_opt_in=(connector.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
+        explicit_opt_in=(connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
     )
 
 
