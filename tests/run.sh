@@ -3,7 +3,8 @@
 #
 #   bash tests/run.sh [pytest args]
 #
-# 1. a virtual environment (.venv-test) with the shim installed editable + pytest;
+# 1. a virtual environment (.venv-test) with the shim installed editable and
+#    tests/requirements.txt (pytest, the experiments' helpers' deps, CPU torch);
 # 2. for the real-vLLM tests, one environment per torch pin (tests/compat/mkenv.sh;
 #    under $XLKV_ENVS, default /work/envs, reused when present) for each release in
 #    XLKV_TEST_VLLM, with the shim installed into it (editable: its .pth and entry point);
@@ -17,6 +18,7 @@ VENV=${XLKV_TEST_VENV:-.venv-test}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v "is ignored: it is neither" >&2)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e . -r tests/requirements.txt \
+  2> >(grep -v "is ignored: it is neither" >&2)
 export XLKV_TEST_VLLM=${XLKV_TEST_VLLM-"0.14.1 0.21.0 0.26.0 0.33.0"}
 exec "$VENV/bin/python" -m pytest tests "$@"

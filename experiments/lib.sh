@@ -1,0 +1,380 @@
+# shellcheck shell=bash
+# Shared shell functions of the P/D experiment scripts.  Source it; do not run it.
+#
+#   source "$(dirname "$0")/lib.sh"
+#
+# It starts one prefill (P) and one decode (D) vLLM instance with NixlConnector plus the
+# P/D proxy (pd_proxy.py), and stops all of them on exit (trap).  Settings (env vars):
+#
+#   SITE=/tmp/site          where the staged vLLM bundle lives (added to PYTHONPATH)
+#   MODEL=<dir>             model to serve; default: generated into /tmp/xlkv-model
+#   WORK=/tmp/xlkv-exp      logs and intermediate files of a run
+#   TP_P=1 TP_D=1           tensor-parallel size of P and D
+#   GPU_MEM_UTIL=0.3        --gpu-memory-utilization when P and D have their own GPUs
+#   GPU_MEM_UTIL_SHARED=0.25  ... when P and D share a GPU
+#   PORT_PROXY=8000 PORT_P=8100 PORT_D=8200   HTTP ports (127.0.0.1)
+#   SIDE_P=5600 SIDE_D=5700 VLLM_NIXL_SIDE_CHANNEL_PORT of P and D
+#   BLOCK_SIZE=16 MAX_MODEL_LEN=16384
+#   READY_TIMEOUT=600       seconds to wait for a server to answer /health
+#   SERVE_EXTRA_ARGS=""     more `vllm serve` flags (word-split)
+#   XLKV_ACTIVE_RE          log line that proves the shim is active in a server
+#
+# Exit codes used by the scripts:
+EXIT_FAIL=1          # a check failed (outputs differ, descriptors too many, bench error)
+EXIT_SETUP=2         # set-up problem: vLLM not staged, port in use, server did not start
+EXIT_NO_GPU=3        # no GPU here: only the CPU checks ran (and passed)
+EXIT_UNSUPPORTED=4   # the staged vLLM release is not supported by the shim
+
+EXP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$EXP_DIR/.." && pwd)
+: "${SITE:=/tmp/site}"
+: "${PY:=python3}"
+: "${WORK:=/tmp/xlkv-exp}"
+: "${TP_P:=1}" "${TP_D:=1}"
+: "${GPU_MEM_UTIL:=0.3}" "${GPU_MEM_UTIL_SHARED:=0.25}"
+: "${PORT_PROXY:=8000}" "${PORT_P:=8100}" "${PORT_D:=8200}"
+: "${SIDE_P:=5600}" "${SIDE_D:=5700}"
+: "${BLOCK_SIZE:=16}" "${MAX_MODEL_LEN:=16384}"
+: "${READY_TIMEOUT:=600}" "${STOP_TIMEOUT:=30}"
+: "${SERVE_EXTRA_ARGS:=}"
+: "${XLKV_ACTIVE_RE:=xlkv_autopatch: .* is active}"
+mkdir -p "$WORK"
+
+# ---------------------------------------------------------------- messages ----------------
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { local code=$1; shift; printf '\nERROR: %s\n' "$*" >&2; exit "$code"; }
+
+# ---------------------------------------------------------------- environment -------------
+# PYTHONPATH: the repository first (its sitecustomize.py activates the shim when
+# ENABLE_XLKV is on; with the flag off it does nothing), then the staged vLLM.
+# SHIM_PATH (default: this checkout) is where xlkv_autopatch and that sitecustomize.py live.
+setup_env() {
+  export PYTHONPATH="${SHIM_PATH:-$REPO_DIR}:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  export VLLM_USE_FLASHINFER_SAMPLER=0          # flashinfer is not in the bundle
+  export VLLM_LOG_STATS_INTERVAL="${VLLM_LOG_STATS_INTERVAL:-3}"  # KV Transfer metrics lines
+  export PYTHONUNBUFFERED=1
+  unset ENABLE_XLKV                              # set per server, never globally
+}
+
+# vLLM release from package metadata (fast: does not import vLLM).
+vllm_version() {
+  "$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null
+}
+
+# Is vLLM importable at all?  Sets VLLM_VERSION or exits with a clear message.
+require_vllm() {
+  VLLM_VERSION=$(vllm_version) || true
+  if [ -z "${VLLM_VERSION:-}" ]; then
+    die "$EXIT_SETUP" "vLLM is not importable (PYTHONPATH=$PYTHONPATH).
+  Stage the bundle first (experiments/README.md: stage_bundle.sh per chunk, then setup_bundle.sh)."
+  fi
+  export VLLM_VERSION
+  log "vLLM $VLLM_VERSION from $("$PY" -c 'import importlib.util as u; print(u.find_spec("vllm").origin)' 2>/dev/null)"
+}
+
+# version_ge A B: true when release A >= release B (dev/local suffixes ignored).
+version_ge() {
+  local a=${1%%[!0-9.]*} b=${2%%[!0-9.]*}
+  a=${a%.}; b=${b%.}
+  [ "$(printf '%s\n%s\n' "$a" "$b" | sort -V | head -n1)" = "$b" ]
+}
+version_lt() { ! version_ge "$1" "$2"; }
+
+# ---------------------------------------------------------------- GPUs -----------------------
+# Sets NGPU and GPU_NAMES (newline separated) and GPU_SLUG ("2xH200").  Returns 1 when none.
+detect_gpus() {
+  NGPU=0; GPU_NAMES=""
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    GPU_NAMES=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true)
+    NGPU=$(printf '%s' "$GPU_NAMES" | grep -c . || true)
+  fi
+  GPU_SLUG=$(printf '%s\n' "$GPU_NAMES" | "$PY" "$EXP_DIR/pdtools.py" gpu-slug)
+  export NGPU GPU_SLUG
+  [ "$NGPU" -gt 0 ]
+}
+
+# What can run without a GPU.  The owner may extend this function; it must return non-zero
+# when a check fails.  CPU_CHECKS_CMD replaces it (a shell command; tests use it).
+cpu_only_checks() {
+  if [ -n "${CPU_CHECKS_CMD:-}" ]; then bash -c "$CPU_CHECKS_CMD"; return; fi
+  local rc=0
+  log "CPU check 1: python -m xlkv_autopatch status"
+  (cd "$REPO_DIR" && PYTHONPATH="$REPO_DIR:$SITE" ENABLE_XLKV=true "$PY" -m xlkv_autopatch status) || rc=1
+  if [ -f "$REPO_DIR/tests/compat/pd_harness.py" ]; then
+    # The harness needs a Python whose vLLM runs on CPU (tests/compat/mkenv.sh makes one).
+    local hpy=${XLKV_HARNESS_PYTHON:-$PY}
+    log "CPU check 2: tests/compat/pd_harness.py (python: $hpy)"
+    (cd "$REPO_DIR" && timeout "${HARNESS_TIMEOUT:-900}" "$hpy" tests/compat/pd_harness.py \
+        --out "$WORK/pd_harness.json") || rc=1
+  else
+    log "CPU check 2 skipped: tests/compat/pd_harness.py not found"
+  fi
+  return $rc
+}
+
+# Call at the start of every GPU script.
+require_gpus_or_cpu_checks() {
+  if detect_gpus; then
+    log "GPUs: $NGPU ($(printf '%s' "$GPU_NAMES" | sort | uniq -c | xargs))"
+    return 0
+  fi
+  echo "no GPU on this machine: running CPU checks only" >&2
+  if cpu_only_checks; then
+    echo "CPU checks passed; GPU experiments skipped (exit $EXIT_NO_GPU)" >&2
+    exit "$EXIT_NO_GPU"
+  fi
+  die "$EXIT_FAIL" "no GPU, and the CPU checks failed"
+}
+
+# Splits the GPUs between P and D.  Sets P_GPUS, D_GPUS (CUDA_VISIBLE_DEVICES values),
+# MEM_UTIL and SHARED_GPU (1 when P and D share at least one GPU).
+assign_gpus() {
+  local need=$((TP_P + TP_D))
+  local max=$((TP_P > TP_D ? TP_P : TP_D))
+  if [ "$NGPU" -ge "$need" ]; then          # everybody gets their own GPUs
+    P_GPUS=$(seq -s, 0 $((TP_P - 1)))
+    D_GPUS=$(seq -s, "$TP_P" $((need - 1)))
+    SHARED_GPU=0; MEM_UTIL=$GPU_MEM_UTIL
+  elif [ "$NGPU" -ge "$max" ]; then         # overlap: P from the front, D from the back
+    P_GPUS=$(seq -s, 0 $((TP_P - 1)))
+    D_GPUS=$(seq -s, $((NGPU - TP_D)) $((NGPU - 1)))
+    SHARED_GPU=1; MEM_UTIL=$GPU_MEM_UTIL_SHARED
+  else
+    die "$EXIT_SETUP" "TP_P=$TP_P TP_D=$TP_D need at least $max GPUs; this machine has $NGPU"
+  fi
+  log "GPU split: P on [$P_GPUS] (TP $TP_P), D on [$D_GPUS] (TP $TP_D), memory utilization $MEM_UTIL$( [ "$SHARED_GPU" = 1 ] && echo ', shared GPU')"
+}
+
+# ---------------------------------------------------------------- ports -----------------------
+port_in_use() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+require_ports_free() {
+  local p who
+  for p in "$@"; do
+    if port_in_use "$p"; then
+      who=$(command -v ss >/dev/null && ss -ltnp 2>/dev/null | grep -E "[:.]$p\b" | head -n1 || true)
+      die "$EXIT_SETUP" "port $p is in use${who:+ ($who)}. Stop that process or set PORT_P/PORT_D/PORT_PROXY/SIDE_P/SIDE_D."
+    fi
+  done
+}
+
+http_ok() {
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS -m 5 -o /dev/null "$1" 2>/dev/null
+  else
+    "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" 2>/dev/null
+  fi
+}
+
+# ---------------------------------------------------------------- configurations --------------
+# stock      NixlConnector as shipped
+# shim       ENABLE_XLKV=true on P and D (xlkv_autopatch from this checkout)
+# native     vLLM's own opt-in kv_connector_extra_config.enable_cross_layers_blocks (0.16-0.28)
+# native-v1  the same with VLLM_USE_V2_MODEL_RUNNER=0 (0.22-0.28: Model Runner V2, the
+#            default there, ignores the opt-in)
+# config_supported CONFIG -> prints why not and returns 1 when the release lacks it.
+config_supported() {
+  case "$1" in
+    stock) return 0 ;;
+    shim) shim_supported ;;
+    native)
+      if version_ge "$VLLM_VERSION" 0.16 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
+      echo "native: enable_cross_layers_blocks exists in vLLM 0.16-0.28 only (this is $VLLM_VERSION)"; return 1 ;;
+    native-v1)
+      if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
+      echo "native-v1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
+    *) echo "unknown config '$1' (stock, shim, native, native-v1)"; return 1 ;;
+  esac
+}
+
+# Does the shim support the staged vLLM?  Asks `python -m xlkv_autopatch status --json` with
+# the flag on.  From a source checkout neither the .pth hook nor the plugin entry point is
+# installed (sitecustomize.py activates it), so that "problem" is not held against it: the
+# release must be in the supported range and at least one patch set must apply without
+# errors.  SHIM_CHECK=0 skips the check (tests with a fake vLLM).
+shim_supported() {
+  [ "${SHIM_CHECK:-1}" = 0 ] && return 0
+  local js rc=0 verdict
+  js=$(cd "$REPO_DIR" && ENABLE_XLKV=true "$PY" -m xlkv_autopatch status --json 2>/dev/null) || rc=$?
+  verdict=$(printf '%s' "$js" | "$PY" -c '
+import json, sys
+try:
+    j = json.load(sys.stdin)
+except ValueError:
+    print("unknown"); sys.exit()
+sets = [g for g in j.get("patch_sets", []) if g.get("applies")]
+good = all("error" not in g and all(p.get("ok", True) for p in g.get("patches", [])) for g in sets)
+print("yes" if j.get("supported") and sets and good else "no")' 2>/dev/null || echo unknown)
+  if [ "$verdict" = yes ] || { [ "$verdict" = unknown ] && [ $rc -eq 0 ]; }; then return 0; fi
+  echo "shim: xlkv_autopatch does not support vLLM $VLLM_VERSION here; its status says:"
+  (cd "$REPO_DIR" && ENABLE_XLKV=true "$PY" -m xlkv_autopatch status 2>&1 | sed 's/^/    /') || true
+  return 1
+}
+
+# Sets CFG_ENV (array of VAR=value) and CFG_KV_EXTRA (JSON or empty) for a config.
+config_env() {
+  CFG_ENV=(); CFG_KV_EXTRA=""
+  case "$1" in
+    stock) ;;
+    shim) CFG_ENV=(ENABLE_XLKV=true) ;;
+    native) CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}' ;;
+    native-v1) CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; CFG_ENV=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
+    *) die "$EXIT_SETUP" "unknown config $1" ;;
+  esac
+}
+
+# ---------------------------------------------------------------- processes -------------------
+PIDS=(); PNAMES=(); PLOGS=()
+COMMANDS_FILE="$WORK/commands.txt"
+
+# start_server NAME CONFIG PORT SIDE_PORT GPUS TP LOG
+start_server() {
+  local name=$1 cfg=$2 port=$3 side=$4 gpus=$5 tp=$6 logf=$7
+  config_env "$cfg"
+  local kvcfg='{"kv_connector":"NixlConnector","kv_role":"kv_both"'
+  if [ -n "$CFG_KV_EXTRA" ]; then kvcfg+=",\"kv_connector_extra_config\":$CFG_KV_EXTRA"; fi
+  kvcfg+='}'
+  local -a envs=(CUDA_VISIBLE_DEVICES="$gpus" VLLM_NIXL_SIDE_CHANNEL_PORT="$side" UCX_NET_DEVICES=all)
+  # Releases before 0.29 need the HND layout for NIXL (and for the cross-layer path).
+  if version_lt "$VLLM_VERSION" 0.29; then envs+=(VLLM_KV_CACHE_LAYOUT="${KV_LAYOUT:-HND}"); fi
+  envs+=("${CFG_ENV[@]}")
+  local -a cmd=("$PY" -m vllm.entrypoints.cli.main serve "$MODEL" --host 127.0.0.1 --port "$port"
+    --enforce-eager --block-size "$BLOCK_SIZE" --gpu-memory-utilization "$MEM_UTIL"
+    --max-model-len "$MAX_MODEL_LEN" --kv-transfer-config "$kvcfg")
+  if [ "$tp" -gt 1 ]; then cmd+=(--tensor-parallel-size "$tp"); fi
+  # shellcheck disable=SC2206
+  if [ -n "$SERVE_EXTRA_ARGS" ]; then cmd+=($SERVE_EXTRA_ARGS); fi
+  printf '%s: %s %s\n' "$name" "${envs[*]}" "${cmd[*]}" >> "$COMMANDS_FILE"
+  log "start $name ($cfg) on :$port, GPUs [$gpus], log $logf"
+  # setsid: own process group, so stop_all also ends the engine-core and worker children.
+  setsid env "${envs[@]}" "${cmd[@]}" > "$logf" 2>&1 < /dev/null &
+  PIDS+=($!); PNAMES+=("$name"); PLOGS+=("$logf")
+}
+
+# wait_ready NAME URL PID LOG [TIMEOUT]: polls URL until it answers 200.
+wait_ready() {
+  local name=$1 url=$2 pid=$3 logf=$4 timeout=${5:-$READY_TIMEOUT}
+  local t0=$SECONDS
+  while ! http_ok "$url"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "---- last 60 lines of $logf ----" >&2; tail -n 60 "$logf" >&2
+      die "$EXIT_SETUP" "$name exited before it was ready (see $logf)"
+    fi
+    if [ $((SECONDS - t0)) -ge "$timeout" ]; then
+      echo "---- last 60 lines of $logf ----" >&2; tail -n 60 "$logf" >&2
+      die "$EXIT_SETUP" "$name did not answer $url within ${timeout}s (see $logf)"
+    fi
+    sleep 2
+  done
+  log "$name ready after $((SECONDS - t0))s"
+}
+
+# start_pair CONFIG TAG: P, D and the proxy; logs under $WORK/TAG-{p,d,proxy}.log.
+start_pair() {
+  local cfg=$1 tag=$2
+  require_ports_free "$PORT_P" "$PORT_D" "$PORT_PROXY" "$SIDE_P" "$SIDE_D"
+  assign_gpus
+  P_LOG="$WORK/$tag-p.log"; D_LOG="$WORK/$tag-d.log"; PROXY_LOG="$WORK/$tag-proxy.log"
+  start_server "P[$cfg]" "$cfg" "$PORT_P" "$SIDE_P" "$P_GPUS" "$TP_P" "$P_LOG"
+  local ppid=${PIDS[-1]}
+  # On a shared GPU, vLLM's memory profiling of one instance must not see the other one
+  # still growing: start them one after the other.
+  if [ "$SHARED_GPU" = 1 ]; then wait_ready "P[$cfg]" "http://127.0.0.1:$PORT_P/health" "$ppid" "$P_LOG"; fi
+  start_server "D[$cfg]" "$cfg" "$PORT_D" "$SIDE_D" "$D_GPUS" "$TP_D" "$D_LOG"
+  local dpid=${PIDS[-1]}
+  wait_ready "P[$cfg]" "http://127.0.0.1:$PORT_P/health" "$ppid" "$P_LOG"
+  wait_ready "D[$cfg]" "http://127.0.0.1:$PORT_D/health" "$dpid" "$D_LOG"
+  setsid "$PY" "$EXP_DIR/pd_proxy.py" --port "$PORT_PROXY" --prefill "http://127.0.0.1:$PORT_P" \
+    --decode "http://127.0.0.1:$PORT_D" > "$PROXY_LOG" 2>&1 < /dev/null &
+  PIDS+=($!); PNAMES+=("proxy"); PLOGS+=("$PROXY_LOG")
+  wait_ready proxy "http://127.0.0.1:$PORT_PROXY/health" "${PIDS[-1]}" "$PROXY_LOG" 60
+  if [ "$cfg" = shim ]; then check_shim_active "$P_LOG" "$D_LOG"; fi
+}
+
+# The shim logs "xlkv_autopatch: <patch> is active in this process" when it patches.
+check_shim_active() {
+  local f missing=0
+  for f in "$@"; do
+    if ! grep -Eq "$XLKV_ACTIVE_RE" "$f"; then
+      log "WARNING: no line matching /$XLKV_ACTIVE_RE/ in $f: is the shim active there?"; missing=1
+    fi
+  done
+  return 0 # the descriptor count is the real proof; this is only a hint
+}
+
+# Stops everything started here (process groups), newest first, and waits for the ports.
+stop_all() {
+  local i pid
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    pid=${PIDS[$i]}
+    if kill -0 "$pid" 2>/dev/null; then kill -TERM -- "-$pid" 2>/dev/null || true; fi
+  done
+  local t0=$SECONDS
+  for pid in "${PIDS[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$STOP_TIMEOUT" ]; do sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
+  done
+  # engine-core processes can outlive their parent for a moment; give the ports back
+  t0=$SECONDS
+  while { port_in_use "$PORT_P" || port_in_use "$PORT_D" || port_in_use "$PORT_PROXY"; } &&
+        [ $((SECONDS - t0)) -lt 30 ]; do sleep 1; done
+  if [ ${#PIDS[@]} -gt 0 ]; then log "stopped ${PNAMES[*]}"; fi
+  PIDS=(); PNAMES=(); PLOGS=()
+}
+
+on_exit() {
+  local rc=$?
+  trap - EXIT
+  stop_all || true
+  exit $rc
+}
+install_traps() {
+  trap on_exit EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+# ---------------------------------------------------------------- model -----------------------
+# Uses $MODEL when given; otherwise generates the Qwen3-0.6B-shaped random model once.
+ensure_model() {
+  if [ -n "${MODEL:-}" ]; then
+    [ -f "$MODEL/config.json" ] || die "$EXIT_SETUP" "MODEL=$MODEL has no config.json"
+  else
+    MODEL=/tmp/xlkv-model
+    if [ ! -f "$MODEL/.complete" ]; then
+      log "generating the random-weight model into $MODEL"
+      PYTHONPATH="" "$PY" "$EXP_DIR/make_model.py" "$MODEL" || die "$EXIT_SETUP" "make_model.py failed"
+    fi
+  fi
+  export MODEL
+  local tp=$((TP_P > TP_D ? TP_P : TP_D))
+  BYTES_PER_BLOCK=$("$PY" "$EXP_DIR/pdtools.py" block-bytes "$MODEL" --block-size "$BLOCK_SIZE" --tp "$tp")
+  export BYTES_PER_BLOCK
+}
+
+# kv_log_offset FILE: byte size now (where the next run's metrics lines start).
+kv_log_offset() { stat -c %s "$1" 2>/dev/null || echo 0; }
+
+# wait_kv_lines LOG OFFSET: waits until a "KV Transfer metrics" line follows OFFSET, then
+# one more logging interval plus a bit, so the final interval of the run is in the file.
+wait_kv_lines() {
+  local logf=$1 off=$2 t0=$SECONDS limit=${KV_WAIT:-60}
+  local interval=${VLLM_LOG_STATS_INTERVAL%.*}
+  until tail -c +"$((off + 1))" "$logf" | grep -q "KV Transfer metrics:"; do
+    if [ $((SECONDS - t0)) -ge "$limit" ]; then
+      log "WARNING: no KV Transfer metrics line in $logf within ${limit}s"; return 1
+    fi
+    sleep 1
+  done
+  sleep $((2 * ${interval:-3} + 1))
+}
+
+# Tails of every log of this run into one file (for $OUT).
+collect_log_tails() {
+  local dest=$1 f
+  : > "$dest"
+  for f in "$WORK"/*.log; do
+    [ -f "$f" ] || continue
+    { echo "==== $f (last ${TAIL_LINES:-80} lines) ===="; tail -n "${TAIL_LINES:-80}" "$f"; echo; } >> "$dest"
+  done
+}

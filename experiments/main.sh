@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# xlkv_autopatch's main job: the P/D greedy-output equivalence and the TTFT benchmark on this
+# machine's GPUs (experiments/pd_equivalence.sh, then experiments/pd_bench.sh), stock vs
+# ENABLE_XLKV=true (and vLLM's own opt-in where the release has one).
+#
+# On a machine without GPUs it says so and runs what can run here: `xlkv_autopatch status` and
+# real prefill->decode KV transfers through the installed vLLM's own NixlConnector code with
+# real NIXL on host memory, stock vs ENABLE_XLKV=true, every block compared byte for byte
+# (tests/compat/pd_harness.py).  The vLLM for that comes from XLKV_HARNESS_PYTHON (a Python
+# with vLLM + nixl) or is installed by tests/compat/mkenv.sh (XLKV_VLLM, default 0.21.0).
+#
+# exit: 0 pass, 1 a check failed, 2 set-up problem.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUTDIR=${XLKV_MAIN_OUT:-/tmp/xlkv-main}
+mkdir -p "$OUTDIR"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  export EQ_JSON=${EQ_JSON:-$OUTDIR/equivalence.json}
+  bash experiments/pd_equivalence.sh
+  bash experiments/pd_bench.sh
+  exit 0
+fi
+
+cat <<MSG
+==========================================================================================
+no GPU on this machine: the GPU equivalence and TTFT benchmark (experiments/pd_equivalence.sh,
+experiments/pd_bench.sh) cannot run here.  Running the CPU checks instead:
+  1. python -m xlkv_autopatch status  (installed vLLM, flag, activation paths, patch targets)
+  2. real P->D KV transfers through vLLM's NixlConnector + NIXL/UCX on host memory,
+     stock vs ENABLE_XLKV=true, byte-for-byte (tests/compat/pd_harness.py)
+==========================================================================================
+MSG
+
+PY=${XLKV_HARNESS_PYTHON:-}
+if [ -z "$PY" ]; then
+  VER=${XLKV_VLLM:-0.21.0}
+  echo "installing vLLM $VER + nixl for the CPU checks (tests/compat/mkenv.sh; minutes on a new machine)"
+  PY=$(bash tests/compat/mkenv.sh "$VER" | tail -n 1) || { echo "ERROR: could not install vLLM $VER" >&2; exit 2; }
+fi
+"$PY" -m pip install -q --disable-pip-version-check "wrapt>=1.14" "packaging>=21" 2>&1 | grep -v "is ignored" || true
+"$PY" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | grep -E "^ERROR" || true
+
+rc=0
+( cd / && "$PY" -m xlkv_autopatch status ) || rc=1
+for cfg in stock xlkv; do
+  env_flag=()
+  [ "$cfg" = xlkv ] && env_flag=(env ENABLE_XLKV=true)
+  echo "--- P->D transfer, $cfg"
+  "${env_flag[@]}" "$PY" tests/compat/pd_harness.py --out "$OUTDIR/cpu-$cfg.json" > "$OUTDIR/cpu-$cfg.log" 2>&1 || true
+done
+python3 - "$OUTDIR" <<'PY' || rc=1
+import json, sys, os
+out = sys.argv[1]
+rows, ok = [], True
+for cfg in ("stock", "xlkv"):
+    path = os.path.join(out, "cpu-%s.json" % cfg)
+    d = json.load(open(path)) if os.path.exists(path) else {"errors": ["no result (see %s)" % path.replace(".json", ".log")]}
+    rows.append((cfg, d))
+    ok &= bool(d.get("transfer_verified"))
+print("%-6s %-8s %-12s %-8s %-16s %s" % ("config", "vLLM", "cross-layer", "regions", "descs per block", "bytes verified"))
+for cfg, d in rows:
+    print("%-6s %-8s %-12s %-8s %-16s %s" % (cfg, d.get("vllm"), d.get("cross_layer"), d.get("num_regions"),
+                                            d.get("descs_per_block"), d.get("transfer_verified")))
+    for e in d.get("errors") or []:
+        print("   error: %s" % str(e)[:300])
+s, x = rows[0][1].get("descs_per_block"), rows[1][1].get("descs_per_block")
+if ok and isinstance(s, int) and isinstance(x, int):
+    ok = x < s and x <= 2
+    print("descriptors per block: stock %s -> xlkv %s (%s)" % (s, x, "OK" if ok else "NOT fewer"))
+print("CPU checks: %s (GPU runs skipped: no GPU)" % ("PASS" if ok else "FAIL"))
+sys.exit(0 if ok else 1)
+PY
+exit $rc

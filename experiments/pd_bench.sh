@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# TTFT benchmark of 1P1D disaggregated serving: stock NixlConnector vs. the shim vs. vLLM's
+# own cross-layer opt-in, with `vllm bench serve` (random prompts, streamed) via the proxy.
+#
+# One call runs the cells CONFIGS x INPUT_LENS, REPS repetitions each, one server pair per
+# config.  Each repetition uses its own --seed (so neither P nor D can serve it from its
+# prefix cache; the same seeds for every config, so the configs see the same prompts).
+# A short warm-up run (WARMUP_PROMPTS) precedes the repetitions of every input length.
+# For every repetition the decode instance's NIXL counters (Prometheus deltas, or its
+# "KV Transfer metrics" log lines) give descriptors per transfer and per block.
+#
+# Results go to RESULT_JSON (default ${RESULT_DIR:-experiments/results}/<date>-<vllm>-<gpu>.json); a file
+# that exists already is merged with (several calls accumulate; repeated cells gain reps).
+#
+# env: CONFIGS (default "stock shim native", plus native-v1 on 0.22-0.28),
+#      INPUT_LENS="1024 10240", OUTPUT_LEN=16, REPS=3, WARMUP_PROMPTS=4,
+#      NUM_PROMPTS (for every length; default 128 up to 2048 tokens, 64 above),
+#      EQ_JSON (equivalence summary of this machine/release, for equivalence_pass),
+#      BENCH_TIMEOUT=900 (seconds per bench run), BENCH_EXTRA_ARGS, MODEL, lib.sh's vars.
+# exit: 0 ok, 1 a bench run failed, 2 set-up, 3 no GPU, 4 shim does not support the release.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+INPUT_LENS=${INPUT_LENS:-1024 10240}
+OUTPUT_LEN=${OUTPUT_LEN:-16}
+REPS=${REPS:-3}
+WARMUP_PROMPTS=${WARMUP_PROMPTS:-4}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-900}
+BENCH_EXTRA_ARGS=${BENCH_EXTRA_ARGS:-}
+EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
+
+setup_env
+install_traps
+require_gpus_or_cpu_checks
+require_vllm
+ensure_model
+if [ -z "${CONFIGS:-}" ]; then
+  CONFIGS="stock shim native"
+  if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then CONFIGS+=" native-v1"; fi
+fi
+RESULT_JSON=${RESULT_JSON:-${RESULT_DIR:-$EXP_DIR/results}/$(date +%F)-$VLLM_VERSION-$GPU_SLUG.json}
+mkdir -p "$(dirname "$RESULT_JSON")" "$WORK/bench"
+rm -f "$COMMANDS_FILE"
+log "configs: $CONFIGS; input lengths: $INPUT_LENS; reps: $REPS; results: $RESULT_JSON"
+
+num_prompts_for() {
+  if [ -n "${NUM_PROMPTS:-}" ]; then echo "$NUM_PROMPTS"
+  elif [ "$1" -le 2048 ]; then echo 128
+  else echo 64; fi
+}
+
+# bench_run L N SEED RESULT_FILE(or "") LOG
+bench_run() {
+  local L=$1 N=$2 seed=$3 res=$4 logf=$5
+  local -a cmd=("$PY" -m vllm.entrypoints.cli.main bench serve --backend vllm --model "$MODEL"
+    --tokenizer "$MODEL" --base-url "http://127.0.0.1:$PORT_PROXY" --endpoint /v1/completions
+    --dataset-name random --random-input-len "$L" --random-output-len "$OUTPUT_LEN"
+    --num-prompts "$N" --seed "$seed" --ignore-eos
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99)
+  if [ -n "$res" ]; then cmd+=(--save-result --result-dir "$(dirname "$res")" --result-filename "$(basename "$res")"); fi
+  # shellcheck disable=SC2206
+  if [ -n "$BENCH_EXTRA_ARGS" ]; then cmd+=($BENCH_EXTRA_ARGS); fi
+  echo "bench: ${cmd[*]}" >> "$COMMANDS_FILE"
+  timeout "$BENCH_TIMEOUT" "${cmd[@]}" > "$logf" 2>&1
+}
+
+failed=0; skipped=()
+for cfg in $CONFIGS; do
+  if ! why=$(config_supported "$cfg"); then
+    printf '%s\n' "$why" >&2
+    if [ "$cfg" = shim ]; then die "$EXIT_UNSUPPORTED" "vLLM $VLLM_VERSION is not supported by the shim (see above)"; fi
+    skipped+=("$cfg"); log "skipping $cfg"; continue
+  fi
+  log "=== $cfg ==="
+  : > "$COMMANDS_FILE"
+  start_pair "$cfg" "bench-$cfg"
+  for L in $INPUT_LENS; do
+    N=$(num_prompts_for "$L")
+    if [ "$WARMUP_PROMPTS" -gt 0 ]; then
+      log "$cfg L=$L: warm-up ($WARMUP_PROMPTS prompts)"
+      bench_run "$L" "$WARMUP_PROMPTS" 99 "" "$WORK/bench-$cfg-$L-warmup.log" ||
+        { tail -n 30 "$WORK/bench-$cfg-$L-warmup.log" >&2; die "$EXIT_FAIL" "warm-up failed ($cfg, L=$L)"; }
+      KV_WAIT=20 wait_kv_lines "$D_LOG" 0 || true
+    fi
+    res_files=(); kv_files=()
+    for rep in $(seq 1 "$REPS"); do
+      seed=$((1000 + rep))
+      tag="$cfg-$L-$N-r$rep-$(date +%H%M%S)"
+      res="$WORK/bench/$tag.json"
+      off=$(kv_log_offset "$D_LOG")
+      "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom0"
+      log "$cfg L=$L rep $rep/$REPS: $N prompts, seed $seed"
+      if ! bench_run "$L" "$N" "$seed" "$res" "$WORK/bench-$tag.log"; then
+        tail -n 30 "$WORK/bench-$tag.log" >&2
+        log "ERROR: bench run $tag failed"; failed=1; continue
+      fi
+      grep -E "Mean TTFT|Median TTFT|P99 TTFT|Mean ITL|Total token throughput|Failed requests" \
+        "$WORK/bench-$tag.log" | sed 's/^/    /' >&2 || true
+      wait_kv_lines "$D_LOG" "$off" || true
+      "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom1"
+      "$PY" "$EXP_DIR/pdtools.py" kv-run --log "$D_LOG" --offset "$off" \
+        --prom-before "$WORK/bench/$tag.prom0" --prom-after "$WORK/bench/$tag.prom1" \
+        --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" > "$WORK/bench/$tag.kv.json"
+      res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json")
+    done
+    [ ${#res_files[@]} -gt 0 ] || continue
+    meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s"}' \
+      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import pdtools; print(pdtools.attention_backend(sys.argv[2]) or "")' "$EXP_DIR" "$D_LOG")")
+    "$PY" "$EXP_DIR/pdtools.py" bench-cell --out "$RESULT_JSON" --config "$cfg" --input-len "$L" \
+      --output-len "$OUTPUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" \
+      --commands "$COMMANDS_FILE" --bytes-per-block "$BYTES_PER_BLOCK" --vllm-version "$VLLM_VERSION" \
+      --gpu "$GPU_SLUG" --equivalence "$EQ_JSON" --run-prefix "$(hostname)-$(date +%s)" --meta "$meta"
+  done
+  stop_all
+done
+[ ${#skipped[@]} -eq 0 ] || log "skipped (not in this release): ${skipped[*]}"
+log "results: $RESULT_JSON"
+"$PY" "$EXP_DIR/report.py" "$RESULT_JSON" --no-plot || true
+exit $failed

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Greedy-output equivalence of prefill/decode disaggregation, with and without the shim.
+#
+# For each config in EQ_CONFIGS (default "stock shim") a fresh 1P1D pair is started and the
+# same fixed prompts (EQ_LENGTHS tokens, words w2..w31999 chosen deterministically, greedy,
+# ignore_eos, EQ_MAX_TOKENS new tokens, token ids returned by the server) are sent
+#   (a) directly to the decode instance, without kv_transfer_params: local prefill on D;
+#   (b) through the P/D proxy: prefill on P, KV moved by NIXL, decode on D.
+# The baseline is (a) of the first config (stock).  Pass = every run's token ids are
+# identical to the baseline, and the shim's transfers use <= 2 descriptors per KV block
+# (<= 1 on FLASH_ATTN), measured on a single-request probe of PROBE_LEN tokens from D's
+# Prometheus counters (or its "KV Transfer metrics" log lines).
+#
+# Prefix caching is off here (EQ_SERVE_ARGS): otherwise D would serve (b) from the blocks
+# it cached during (a), and no KV would move at all.
+#
+# env: MODEL, EQ_CONFIGS, EQ_LENGTHS=5,17,100,1000,2049,4097, EQ_MAX_TOKENS=32,
+#      PROBE_LEN=1600, EQ_JSON (summary path; default $WORK/equivalence.json),
+#      EQ_SERVE_ARGS="--no-enable-prefix-caching", plus everything lib.sh reads.
+# exit: 0 pass, 1 fail, 2 set-up problem, 3 no GPU (CPU checks only), 4 release unsupported.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+EQ_CONFIGS=${EQ_CONFIGS:-stock shim}
+EQ_LENGTHS=${EQ_LENGTHS:-5,17,100,1000,2049,4097}
+EQ_MAX_TOKENS=${EQ_MAX_TOKENS:-32}
+PROBE_LEN=${PROBE_LEN:-1600}
+EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
+SERVE_EXTRA_ARGS="${EQ_SERVE_ARGS---no-enable-prefix-caching} $SERVE_EXTRA_ARGS"
+
+setup_env
+install_traps
+require_gpus_or_cpu_checks
+require_vllm
+ensure_model
+rm -f "$WORK"/eq-*.json "$WORK"/eq-*.log "$COMMANDS_FILE"
+
+# The shim must support this release, otherwise say so (with its own status output).
+run_configs=()
+for cfg in $EQ_CONFIGS; do
+  if why=$(config_supported "$cfg"); then run_configs+=("$cfg"); continue; fi
+  printf '%s\n' "$why" >&2
+  [ "$cfg" = shim ] && die "$EXIT_UNSUPPORTED" "vLLM $VLLM_VERSION is not supported by the shim (see above)"
+  log "skipping $cfg"
+done
+[ ${#run_configs[@]} -gt 0 ] || die "$EXIT_SETUP" "no config to run"
+
+PD="http://127.0.0.1:$PORT_PROXY/v1/completions"
+LOCAL="http://127.0.0.1:$PORT_D/v1/completions"
+run_files=(); probe_args=()
+for cfg in "${run_configs[@]}"; do
+  log "=== $cfg ==="
+  start_pair "$cfg" "eq-$cfg"
+  # (a) local prefill on D, then (b) P/D through the proxy
+  "$PY" "$EXP_DIR/pdtools.py" equiv-run --url "$LOCAL" --model "$MODEL" --label "local:$cfg" \
+    --lengths "$EQ_LENGTHS" --max-tokens "$EQ_MAX_TOKENS" --out "$WORK/eq-local-$cfg.json"
+  "$PY" "$EXP_DIR/pdtools.py" equiv-run --url "$PD" --model "$MODEL" --label "pd:$cfg" \
+    --lengths "$EQ_LENGTHS" --max-tokens "$EQ_MAX_TOKENS" --out "$WORK/eq-pd-$cfg.json"
+  run_files+=("$WORK/eq-local-$cfg.json" "$WORK/eq-pd-$cfg.json")
+
+  # Descriptor probe: one request of PROBE_LEN tokens (a whole number of blocks), alone.
+  KV_WAIT=20 wait_kv_lines "$D_LOG" 0 || true   # let the lines of the runs above be written
+  off=$(kv_log_offset "$D_LOG")
+  "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/eq-prom0-$cfg.json"
+  "$PY" "$EXP_DIR/pdtools.py" equiv-run --url "$PD" --model "$MODEL" --label "probe:$cfg" \
+    --lengths "$PROBE_LEN" --seed 7 --max-tokens 2 --out "$WORK/eq-probe-run-$cfg.json" > /dev/null
+  wait_kv_lines "$D_LOG" "$off" || true
+  "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/eq-prom1-$cfg.json"
+  "$PY" "$EXP_DIR/pdtools.py" kv-run --log "$D_LOG" --offset "$off" \
+    --prom-before "$WORK/eq-prom0-$cfg.json" --prom-after "$WORK/eq-prom1-$cfg.json" \
+    --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" \
+    --prompt-len "$PROBE_LEN" --block-size "$BLOCK_SIZE" > "$WORK/eq-probe-$cfg.json"
+  probe_args+=(--probe "$cfg=$WORK/eq-probe-$cfg.json")
+  stop_all
+done
+
+meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "date": "%s"}' \
+  "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
+  "$(echo $SERVE_EXTRA_ARGS)" "$(date -u +%FT%TZ)")
+rc=0
+"$PY" "$EXP_DIR/pdtools.py" equiv-summary --out "$EQ_JSON" --lengths "$EQ_LENGTHS" --meta "$meta" \
+  "${probe_args[@]}" "${run_files[@]}" || rc=$?
+log "summary JSON: $EQ_JSON"
+exit $rc

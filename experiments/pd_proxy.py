@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""A minimal prefill/decode (P/D) proxy for vLLM's NixlConnector (OpenAI completions API).
+
+For every request:
+  1. send it to the prefill instance (P) with max_tokens=1, no streaming, and
+     kv_transfer_params = {"do_remote_decode": true, "do_remote_prefill": false, rest null}:
+     P computes the prompt's KV cache, keeps the blocks, and answers with the
+     kv_transfer_params the decode side needs (remote engine id, block ids, host, port, ...);
+  2. send the *original* request to the decode instance (D) with those kv_transfer_params:
+     D reads the KV blocks from P over NIXL and generates; its answer (streamed or not)
+     goes back to the client unchanged.
+
+Also: GET /v1/models (passed through to D, so `vllm bench serve` can find the model),
+GET /health (200 when both P and D answer /health), POST /v1/chat/completions (same flow).
+
+usage: pd_proxy.py --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
+Needs aiohttp (in the GPU image).
+"""
+
+import argparse
+import copy
+import itertools
+import json
+import logging
+import sys
+import time
+
+import aiohttp
+from aiohttp import web
+
+log = logging.getLogger("pd_proxy")
+
+PREFILL_KV_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+# Fields that make no sense (or are rejected) for the one-token, non-streaming P request.
+_DROP_FOR_PREFILL = ("stream_options", "min_tokens", "max_completion_tokens")
+
+
+def prefill_request(body):
+    """The request P gets: same prompt and sampling, one token, no stream, remote decode."""
+    req = copy.deepcopy(body)
+    req["max_tokens"] = 1
+    req["stream"] = False
+    for k in _DROP_FOR_PREFILL:
+        req.pop(k, None)
+    req["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
+    return req
+
+
+def decode_request(body, prefill_response):
+    """The request D gets: the original one plus P's kv_transfer_params."""
+    req = copy.deepcopy(body)
+    params = (prefill_response or {}).get("kv_transfer_params")
+    if not params:
+        raise ValueError("prefill response carries no kv_transfer_params (is P running with NixlConnector?)")
+    req["kv_transfer_params"] = params
+    return req
+
+
+class Proxy:
+    def __init__(self, prefill, decode, timeout_s):
+        self.prefill = prefill.rstrip("/")
+        self.decode = decode.rstrip("/")
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.session = None
+        self.ids = itertools.count()
+        self.stats = {"requests": 0, "errors": 0}
+
+    async def start(self, app):
+        self.session = aiohttp.ClientSession(timeout=self.timeout)
+
+    async def stop(self, app):
+        await self.session.close()
+
+    def _headers(self, request, rid):
+        h = {"Content-Type": "application/json", "X-Request-Id": rid}
+        if "Authorization" in request.headers:
+            h["Authorization"] = request.headers["Authorization"]
+        return h
+
+    async def handle(self, request):
+        path = request.path  # /v1/completions or /v1/chat/completions
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return web.json_response({"error": "request body is not JSON"}, status=400)
+        self.stats["requests"] += 1
+        rid = "pd-%d-%d" % (int(time.time() * 1000), next(self.ids))
+        headers = self._headers(request, rid)
+        t0 = time.perf_counter()
+        # 1. prefill on P
+        async with self.session.post(self.prefill + path, json=prefill_request(body), headers=headers) as r:
+            text = await r.text()
+            if r.status != 200:
+                self.stats["errors"] += 1
+                log.warning("prefill %s failed: %s %s", rid, r.status, text[:500])
+                return web.Response(status=r.status, text=text, content_type="application/json")
+            p_resp = json.loads(text)
+        t1 = time.perf_counter()
+        try:
+            d_body = decode_request(body, p_resp)
+        except ValueError as e:
+            self.stats["errors"] += 1
+            return web.json_response({"error": str(e)}, status=502)
+        # 2. decode on D; relay its answer (stream or not) unchanged
+        async with self.session.post(self.decode + path, json=d_body, headers=headers) as r:
+            if not body.get("stream"):
+                text = await r.text()
+                log.debug("%s prefill %.1f ms, total %.1f ms", rid, (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3)
+                return web.Response(status=r.status, text=text, content_type="application/json")
+            resp = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
+                "Content-Type", "text/event-stream"), "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            async for chunk in r.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    async def models(self, request):
+        async with self.session.get(self.decode + "/v1/models") as r:
+            return web.Response(status=r.status, text=await r.text(), content_type="application/json")
+
+    async def health(self, request):
+        out = {}
+        for name, url in (("prefill", self.prefill), ("decode", self.decode)):
+            try:
+                async with self.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    out[name] = r.status
+            except Exception as e:  # connection refused, timeout
+                out[name] = "%s" % type(e).__name__
+        ok = all(v == 200 for v in out.values())
+        out.update(self.stats)
+        return web.json_response(out, status=200 if ok else 503)
+
+
+def make_app(prefill, decode, timeout_s=3600):
+    proxy = Proxy(prefill, decode, timeout_s)
+    app = web.Application(client_max_size=256 * 2**20)
+    app.on_startup.append(proxy.start)
+    app.on_cleanup.append(proxy.stop)
+    app.router.add_post("/v1/completions", proxy.handle)
+    app.router.add_post("/v1/chat/completions", proxy.handle)
+    app.router.add_get("/v1/models", proxy.models)
+    app.router.add_get("/health", proxy.health)
+    return app
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="P/D proxy for vLLM NixlConnector")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--prefill", required=True, help="base URL of P, e.g. http://127.0.0.1:8100")
+    ap.add_argument("--decode", required=True, help="base URL of D, e.g. http://127.0.0.1:8200")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s pd_proxy %(levelname)s %(message)s")
+    log.info("proxy on %s:%d -> P %s, D %s", a.host, a.port, a.prefill, a.decode)
+    web.run_app(make_app(a.prefill, a.decode, a.timeout), host=a.host, port=a.port, access_log=None,
+                print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

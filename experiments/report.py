@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Render P/D bench results (pd_bench.sh JSON) as a markdown table and a PNG plot.
+
+usage: report.py RESULTS.json [MORE.json ...] [--md OUT.md] [--png OUT.png] [--no-plot]
+
+Several files are merged first (pdtools.merge_results).  Table: one row per input length and
+config with the mean TTFT over repetitions (mean of `vllm bench serve`'s per-run mean TTFT
+± its sample standard deviation, and min-max), median/p99 TTFT, ITL, throughput,
+descriptors per block, and the ratio stock / config (> 1: the config is faster).  Plot:
+mean TTFT per config, grouped by input length, error bars = min..max over repetitions.
+The PNG needs matplotlib; without it only the markdown is written (and that is said).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pdtools  # noqa: E402
+
+CONFIG_ORDER = ["stock", "shim", "native", "native-v1"]
+
+
+def _vals(xs):
+    return [x for x in (xs or []) if x is not None]
+
+
+def stats(xs):
+    """mean, sample std (0 for one value), min, max, n of the non-missing values."""
+    xs = _vals(xs)
+    if not xs:
+        return None
+    return {"mean": statistics.mean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _order(cfg):
+    return (CONFIG_ORDER.index(cfg) if cfg in CONFIG_ORDER else len(CONFIG_ORDER), cfg)
+
+
+def rows(doc):
+    """Table rows: dicts with the numbers of each (input_len, config) cell."""
+    out = []
+    cells = sorted(doc.get("cells", []), key=lambda c: (c.get("input_len") or 0, _order(c.get("config"))))
+    stock = {c["input_len"]: stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
+    for c in cells:
+        s = stats(c.get("mean_ttft_ms"))
+        base = stock.get(c["input_len"])
+        out.append({
+            "config": c["config"], "input_len": c["input_len"], "num_prompts": c.get("num_prompts"),
+            "ttft": s,
+            "median_ttft": stats(c.get("median_ttft_ms")),
+            "p99_ttft": stats(c.get("p99_ttft_ms")),
+            "itl": stats(c.get("mean_itl_ms")),
+            "tok_s": stats(c.get("total_tok_s")),
+            "desc_per_block": c.get("descriptors_per_block"),
+            "desc_per_xfer": stats(c.get("descriptors_per_transfer")),
+            "failed": sum(_vals(c.get("failed"))),
+            "ratio": (base["mean"] / s["mean"]) if (base and s and s["mean"]) else None,
+        })
+    return out
+
+
+def ratio_lines(doc):
+    """One line per input length: stock/shim, stock/native, ... of the mean TTFT means."""
+    out = []
+    by_len = {}
+    for r in rows(doc):
+        by_len.setdefault(r["input_len"], []).append(r)
+    for L in sorted(by_len):
+        parts = ["stock/%s %.2f×" % (r["config"], r["ratio"]) for r in by_len[L]
+                 if r["config"] != "stock" and r["ratio"] is not None]
+        if parts:
+            out.append("- %d tokens: %s" % (L, ", ".join(parts)))
+    return out
+
+
+def _f(x, fmt="%.0f"):
+    return "—" if x is None else fmt % x
+
+
+def markdown(doc):
+    head = ["## P/D TTFT: vLLM %s on %s" % (doc.get("vllm_version") or "?", doc.get("gpu") or "?"), ""]
+    eq = doc.get("equivalence_pass")
+    head.append("Greedy-output equivalence (pd_equivalence.sh): %s" % (
+        {True: "PASS", False: "**FAIL**", None: "not run / not given"}[eq]))
+    head.append("")
+    lines = ["| input len × prompts | config | reps | mean TTFT ms (mean ± std) | min–max | median TTFT ms "
+             "| p99 TTFT ms | mean ITL ms | total tok/s | desc/block | stock/config TTFT |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows(doc):
+        t = r["ttft"]
+        lines.append("| %s × %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["input_len"], r["num_prompts"], r["config"], t["n"] if t else 0,
+            ("%.0f ± %.0f" % (t["mean"], t["std"])) if t else "—",
+            ("%.0f–%.0f" % (t["min"], t["max"])) if t else "—",
+            _f(r["median_ttft"] and r["median_ttft"]["mean"]), _f(r["p99_ttft"] and r["p99_ttft"]["mean"]),
+            _f(r["itl"] and r["itl"]["mean"], "%.1f"), _f(r["tok_s"] and r["tok_s"]["mean"]),
+            _f(r["desc_per_block"], "%.2f"), _f(r["ratio"], "%.2f×")
+            + (" (%d failed)" % r["failed"] if r["failed"] else "")))
+    ratios = ratio_lines(doc)
+    if ratios:
+        lines += ["", "Mean-TTFT ratios (stock / config, > 1 = faster than stock):"] + ratios
+    notes = ["", "mean TTFT: per repetition, `vllm bench serve`'s mean over its prompts; mean ± sample std "
+             "and min–max over repetitions. stock/config > 1 means the config is faster than stock. "
+             "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)."]
+    return "\n".join(head + lines + notes) + "\n"
+
+
+def plot(doc, path):
+    """Grouped bars of mean TTFT; error bars min..max over repetitions.  False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rs = [r for r in rows(doc) if r["ttft"]]
+    lens = sorted({r["input_len"] for r in rs})
+    cfgs = sorted({r["config"] for r in rs}, key=_order)
+    width = 0.8 / max(1, len(cfgs))
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(lens) * max(1, len(cfgs)) / 2, 4.2))
+    for i, cfg in enumerate(cfgs):
+        xs, ys, lo, hi = [], [], [], []
+        for j, L in enumerate(lens):
+            r = next((r for r in rs if r["config"] == cfg and r["input_len"] == L), None)
+            if r is None:
+                continue
+            t = r["ttft"]
+            xs.append(j + (i - (len(cfgs) - 1) / 2) * width)
+            ys.append(t["mean"])
+            lo.append(t["mean"] - t["min"])
+            hi.append(t["max"] - t["mean"])
+        bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=cfg)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=2)
+    ax.set_xticks(range(len(lens)))
+    ax.set_xticklabels(["%d tokens" % L for L in lens])
+    ax.set_ylabel("mean TTFT (ms)")
+    ax.set_title("P/D mean TTFT, vLLM %s, %s (bars: mean over reps, whiskers: min-max)"
+                 % (doc.get("vllm_version") or "?", doc.get("gpu") or "?"), fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="markdown table + PNG of pd_bench.sh results")
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--md", help="markdown output (default: RESULTS.md next to the first file)")
+    ap.add_argument("--png", help="plot output (default: RESULTS.png next to the first file)")
+    ap.add_argument("--no-plot", action="store_true")
+    a = ap.parse_args(argv)
+    import json
+
+    docs = [json.load(open(p)) for p in a.results]
+    doc = pdtools.merge_results(docs) if len(docs) > 1 else docs[0]
+    stem = os.path.splitext(a.results[0])[0]
+    md = markdown(doc)
+    md_path = a.md or stem + ".md"
+    with open(md_path, "w") as f:
+        f.write(md)
+    print(md)
+    print("markdown: %s" % md_path)
+    if not a.no_plot:
+        png = a.png or stem + ".png"
+        if plot(doc, png):
+            print("plot: %s" % png)
+        else:
+            print("plot skipped: matplotlib is not installed", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One command per device call: run the given steps in order, then copy the results, the
+# log tails and this call's console output into $OUT (what comes back from the GPU machine).
+#
+# usage: bash experiments/run_gpu_cell.sh [--bundle DIR] STEP [STEP ...]
+#   stage        copy the bundle chunk(s) carried in this call (DIR/p<N>) to /tmp/stage/DIR
+#   setup        verify all chunks (MANIFEST) and unpack vLLM into /tmp/site (once)
+#   check        is vLLM staged?  (implied by every step below)
+#   status       nvidia-smi, GPU topology, `python -m xlkv_autopatch status`
+#   model        generate the random-weight model into /tmp/xlkv-model (if missing)
+#   equivalence  pd_equivalence.sh (EQ_* env vars)
+#   bench        pd_bench.sh (CONFIGS, INPUT_LENS, REPS, NUM_PROMPTS ... env vars)
+#
+# Results on the GPU machine: /tmp/xlkv-results/ (kept while the machine stays warm, so
+# several bench calls accumulate into one JSON there); copies go to $OUT each call.
+# Exit code: that of the first failing step (see lib.sh for the codes).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+cd "$REPO"
+
+BUNDLE=""
+if [ "${1:-}" = "--bundle" ]; then BUNDLE=${2:?--bundle DIR}; shift 2; fi
+[ $# -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
+
+export SITE=${SITE:-/tmp/site}
+export WORK=${WORK:-/tmp/xlkv-exp}
+export RESULT_DIR=${RESULT_DIR:-/tmp/xlkv-results}
+OUT=${OUT:-$WORK/out}
+mkdir -p "$WORK" "$RESULT_DIR" "$OUT"
+CONSOLE="$WORK/console-$(date +%H%M%S).txt"
+exec > >(tee "$CONSOLE") 2>&1
+
+site_version() {
+  PYTHONPATH="$SITE" python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || true
+}
+
+require_staged() {
+  if [ -z "$(site_version)" ]; then
+    if [ -n "$BUNDLE" ] && [ -d "/tmp/stage/$(basename "$BUNDLE")" ]; then
+      echo "vLLM not unpacked yet; trying setup of $BUNDLE"
+      bash "$HERE/bundle.sh" setup "$BUNDLE"
+    else
+      echo "ERROR: no vLLM in $SITE. Stage a bundle first (experiments/README.md):"
+      echo "  one call per chunk: bash experiments/run_gpu_cell.sh --bundle .xfer21 stage   (carry .xfer21/p<N>)"
+      echo "  then:               bash experiments/run_gpu_cell.sh --bundle .xfer21 setup"
+      return 2
+    fi
+  fi
+  # equivalence summaries are per release, so bench calls can find the right one
+  export EQ_JSON=${EQ_JSON:-$RESULT_DIR/equivalence-$(site_version).json}
+}
+
+collect() {
+  local rc=$?
+  set +e
+  # shellcheck source=lib.sh
+  ( source "$HERE/lib.sh" && collect_log_tails "$OUT/logtails.txt" ) 2>/dev/null
+  # the lines that matter from the whole of every server log (not only the tails): the
+  # shim's own messages, NIXL registration/descriptor numbers, the backend, errors
+  grep -H -n -E "xlkv_autopatch|KV Transfer metrics|descriptor|[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR" \
+    "$WORK"/eq-*.log "$WORK"/bench-*-[pd].log 2>/dev/null | cut -c1-600 | head -n 3000 > "$OUT/loggrep.txt"
+  cp "$RESULT_DIR"/*.json "$OUT/" 2>/dev/null
+  cp "$RESULT_DIR"/*.md "$RESULT_DIR"/*.png "$OUT/" 2>/dev/null
+  [ -f "$WORK/pd_harness.json" ] && cp "$WORK/pd_harness.json" "$OUT/"
+  echo "run_gpu_cell: exit $rc; files in \$OUT: $(cd "$OUT" && ls | xargs)"
+  sleep 0.2; cp "$CONSOLE" "$OUT/console.txt" 2>/dev/null
+  exit $rc
+}
+trap collect EXIT
+
+for step in "$@"; do
+  echo "===== step: $step ($(date -u +%TZ)) ====="
+  case "$step" in
+    stage) bash "$HERE/bundle.sh" stage "${BUNDLE:?stage needs --bundle DIR}" ;;
+    setup) bash "$HERE/bundle.sh" setup "${BUNDLE:?setup needs --bundle DIR}" ;;
+    check) require_staged; bash "$HERE/bundle.sh" check ;;
+    status)
+      nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv || echo "no nvidia-smi"
+      nvidia-smi topo -m 2>/dev/null || true
+      require_staged
+      PYTHONPATH="$REPO:$SITE" python3 -m xlkv_autopatch status || true
+      PYTHONPATH="$REPO:$SITE" ENABLE_XLKV=true python3 -m xlkv_autopatch status || true ;;
+    model)  # make_model.py skips a model it finished before (.complete marker)
+      if [ -z "${MODEL:-}" ]; then PYTHONPATH="" python3 "$HERE/make_model.py" /tmp/xlkv-model; fi ;;
+    equivalence)
+      require_staged
+      bash "$HERE/pd_equivalence.sh" ;;
+    bench)
+      require_staged
+      bash "$HERE/pd_bench.sh"
+      for f in "$RESULT_DIR"/20*.json; do if [ -f "$f" ]; then python3 "$HERE/report.py" "$f" > /dev/null || true; fi; done ;;
+    *) echo "unknown step '$step' (stage setup check status model equivalence bench)"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Create or reuse a venv for one vLLM release, one venv per torch pin.
+#   usage: tests/compat/mkenv.sh VLLM_VERSION        -> prints the env's python path (last stdout line)
+# Envs live under ${XLKV_ENVS:-/work/envs}/torch-<pin>/. The first install of a pin is a full
+# `pip install vllm==X nixl==... numpy pytest`; later releases with the same torch pin only swap
+# the vllm package (`--no-deps`), then check vllm's requirements and fall back to a normal
+# resolve (which keeps the pinned torch) only when something is missing.
+# The shim itself is NOT installed here (caller: pip install --no-deps -e <repo>).
+set -euo pipefail
+VER=${1:?usage: mkenv.sh VLLM_VERSION}
+ENVS=${XLKV_ENVS:-/work/envs}
+NIXL_SPEC=${XLKV_NIXL_SPEC:-nixl==1.5.1}
+PY=${XLKV_BASE_PYTHON:-python3}
+mkdir -p "$ENVS"
+log() { echo "[mkenv $VER] $*" >&2; }
+
+# --- torch pin of this release, from the wheel METADATA (metadata-only dry run, no wheel download)
+PINS="$ENVS/pins.tsv"
+PIN=""
+[ -f "$PINS" ] && PIN=$(awk -v v="$VER" '$1==v{print $2}' "$PINS" | tail -1)
+if [ -z "$PIN" ]; then
+  REP=$(mktemp)
+  "$PY" -m pip install --dry-run --no-deps --ignore-installed -q --report "$REP" "vllm==$VER" >/dev/null 2>&1 || true
+  PIN=$("$PY" - "$REP" <<'PYEOF'
+import json, re, sys
+r = json.load(open(sys.argv[1]))
+for d in r["install"][0]["metadata"].get("requires_dist", []):
+    m = re.match(r"^torch\s*==\s*([0-9][^;,\s]*)", d)
+    if m:
+        print(m.group(1)); break
+PYEOF
+)
+  rm -f "$REP"
+  [ -n "$PIN" ] || { log "could not determine the torch pin of vllm==$VER"; exit 2; }
+  echo -e "$VER\t$PIN" >> "$PINS"
+fi
+ENV="$ENVS/torch-$PIN"
+log "torch pin $PIN -> $ENV"
+
+exec 9>"$ENVS/.torch-$PIN.lock"
+flock -w 3600 9
+
+pipx() { "$ENV/bin/python" -m pip "$@"; }
+sanity() {
+  "$ENV/bin/python" - "$VER" <<'PYEOF'
+import sys, importlib.metadata as md
+want = sys.argv[1]
+got = md.version("vllm")
+assert got == want, f"vllm {got} installed, {want} wanted"
+import torch, numpy, vllm  # noqa
+import nixl._api  # noqa
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa
+from vllm.config import VllmConfig, KVTransferConfig  # noqa
+print(f"ok vllm={got} torch={torch.__version__} nixl={md.version('nixl')}", file=sys.stderr)
+PYEOF
+}
+vllm_reqs_broken() {  # pip check lines that concern vllm's own requirements
+  pipx check 2>/dev/null | grep -i '^vllm ' || true
+}
+
+if [ ! -x "$ENV/bin/python" ]; then
+  log "creating venv"
+  "$PY" -m venv "$ENV"
+  pipx install -q --upgrade pip >&2
+  t0=$(date +%s)
+  if ! pipx install "vllm==$VER" "$NIXL_SPEC" numpy pytest 2>"$ENV/.install.err" >&2; then
+    cat "$ENV/.install.err" | grep -v "WARNING: Location" | tail -3 >&2
+    # A requirement the registry here cannot satisfy (e.g. vllm 0.33 wants
+    # certifi>=2026.10.19): install vllm's requirements with ONLY that lower bound dropped,
+    # then vllm itself with --no-deps. Logged loudly.
+    BAD=$(grep -o "No matching distribution found for [A-Za-z0-9_.-]*" "$ENV/.install.err" | awk '{print $NF}' | head -1)
+    [ -n "$BAD" ] || exit 3
+    log "relaxing the version bound of unsatisfiable requirement '$BAD'"
+    REQS=$("$ENV/bin/python" - "$VER" "$BAD" <<'PYEOF'
+import json, subprocess, sys, tempfile
+from pip._vendor.packaging.requirements import Requirement
+ver, bad = sys.argv[1], sys.argv[2].lower().replace("_", "-")
+rep = tempfile.mktemp()
+subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "-q",
+                "--ignore-installed", "--report", rep, f"vllm=={ver}"], check=True,
+               capture_output=True)
+out = []
+for d in json.load(open(rep))["install"][0]["metadata"].get("requires_dist", []):
+    r = Requirement(d)
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        continue
+    name = r.name + (f"[{','.join(sorted(r.extras))}]" if r.extras else "")
+    out.append(name if r.name.lower().replace("_", "-") == bad else f"{name}{r.specifier}")
+print("\n".join(out))
+PYEOF
+)
+    echo "$REQS" > "$ENV/.relaxed-reqs.txt"
+    pipx install -r "$ENV/.relaxed-reqs.txt" "$NIXL_SPEC" numpy pytest >&2
+    pipx install --no-deps "vllm==$VER" >&2
+  fi
+  log "full install took $(( $(date +%s) - t0 )) s"
+else
+  CUR=$("$ENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo none)
+  if [ "$CUR" != "$VER" ]; then
+    log "swapping vllm $CUR -> $VER (--no-deps)"
+    pipx install -q --no-deps "vllm==$VER" >&2
+    BROKEN=$(vllm_reqs_broken)
+    if [ -n "$BROKEN" ]; then
+      log "vllm $VER requirements not met, resolving them (torch stays pinned):"; echo "$BROKEN" >&2
+      pipx install -q "vllm==$VER" >&2
+    fi
+  fi
+  "$ENV/bin/python" -c 'import nixl, numpy, pytest' 2>/dev/null || pipx install -q "$NIXL_SPEC" numpy pytest >&2
+fi
+# torch X+cpu (local wheel) with PyPI's CUDA torchvision/torchaudio: importing them dies
+# ("operator torchvision::nms does not exist", "Could not load ... _torchaudio.abi3.so") and
+# takes transformers (hence vllm.config) with it. The harness needs neither.
+for m in torchvision torchaudio; do
+  if "$ENV/bin/python" -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('$m') else 1)" 2>/dev/null \
+     && ! "$ENV/bin/python" -c "import $m" >/dev/null 2>&1; then
+    log "$m does not load with this torch build; uninstalling it"
+    pipx uninstall -y -q "$m" >&2
+  fi
+done
+if ! sanity; then
+  log "sanity import failed; re-resolving vllm==$VER requirements"
+  pipx install -q "vllm==$VER" "$NIXL_SPEC" numpy pytest >&2
+  sanity
+fi
+echo "$ENV/bin/python"

@@ -1,0 +1,831 @@
+#!/usr/bin/env python3
+"""CPU-only prefill->decode proof harness for vLLM's real NixlConnector + real NIXL (UCX).
+
+Run with the python of an env made by mkenv.sh:
+    python tests/compat/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
+                                      [--p-env KEY=VAL] [--d-env KEY=VAL] [--timeout 60]
+
+Two processes (spawn): P (prefill, the NIXL READ target) and D (decode, the reader).
+Each one does what the installed release's GPU worker / V1 GPUModelRunner does:
+  * KV cache config from the release's own planner (get_kv_cache_configs),
+  * on 0.29+ the layout from the release's own resolve_kv_cache_layout (which consults
+    the connector's get_required_kvcache_layout and VLLM_KV_CACHE_LAYOUT),
+  * the connector from ensure_kv_transfer_initialized (the real factory),
+  * allocation by calling the release's own GPUModelRunner.initialize_kv_cache_tensors
+    (0.12-0.28: use_uniform_kv_cache -> allocate_uniform_kv_caches or the per-layer path;
+    0.29+: allocate_kv_cache) on a runner object that is NOT __init__'ed (no GPU): only
+    the attributes those methods read are set,
+  * registration exactly as GPUModelRunner.initialize_kv_cache does
+    (register_cross_layers_kv_cache(tensor, backend) or register_kv_caches(dict)),
+  * P/D handshake through vLLM's own zmq side channel, start_load_kv / get_finished.
+The harness never looks at the xlkv shim: if the shim makes prefer_cross_layer_blocks True
+(0.12-0.28) or get_required_kvcache_layout return a block-outermost layout (0.29+), the
+release code above takes the cross-layer path by itself.
+
+TEST-HARNESS PATCHING (not product code): the platform is forced to a CpuPlatform subclass
+"fakecuda" (device_type "cuda", NIXL memory DRAM, set_device no-op) and its
+get_attn_backend_cls returns FLASH_ATTN, so the connector takes its GPU code paths with the
+tensors in host memory. Nothing of vLLM's KV/NIXL logic is mocked. make_prepped_xfer is
+wrapped pass-through only to count the descriptors really handed to NIXL.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import sys
+import tempfile
+import time
+import traceback
+
+# Only stdlib at module level: spawned children re-import this module.
+
+NUM_LAYERS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = 64
+BLOCK_SIZE = 16
+NUM_BLOCKS = 40  # distinct from every other dimension so the block dim can be found by size
+
+CASES = {
+    # name: list of (request id suffix, remote block ids, local block ids, num tokens)
+    "noncontig": [("a", [7, 3, 12, 5], [30, 2, 17, 9], 4 * BLOCK_SIZE)],
+    "partial": [("b", [20, 21, 22], [5, 6, 7], 2 * BLOCK_SIZE + 5)],
+    "reuse": [("c", [25, 1, 33], [30, 2, 11], 3 * BLOCK_SIZE)],
+}
+CASE_ORDER = ["noncontig", "partial", "reuse"]
+
+
+# ----------------------------------------------------------------------------------------
+# child side (runs inside P or D)
+# ----------------------------------------------------------------------------------------
+def _force_platform():
+    """Harness-only: force a CPU platform that looks like CUDA to the connector."""
+    import vllm.platforms as P
+    from vllm.platforms.cpu import CpuPlatform
+
+    def _fa_path():
+        try:
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+            return AttentionBackendEnum.FLASH_ATTN.get_path()
+        except Exception:
+            pass
+        try:
+            from vllm.attention.backends.registry import AttentionBackendEnum
+            return AttentionBackendEnum.FLASH_ATTN.get_path()
+        except Exception:
+            pass
+        try:
+            from vllm.attention.backends.registry import _Backend  # noqa
+        except Exception:
+            pass
+        return "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
+
+    class FakeCudaPlatform(CpuPlatform):
+        device_type = "cuda"
+        device_name = "cuda"
+
+        @classmethod
+        def get_nixl_memory_type(cls):
+            return "DRAM"
+
+        @classmethod
+        def set_device(cls, device):
+            return None
+
+        @classmethod
+        def get_attn_backend_cls(cls, *args, **kwargs):
+            return _fa_path()
+
+    P._current_platform = FakeCudaPlatform()
+    return "fakecuda"
+
+
+def _write_model_dir(path):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": NUM_KV_HEADS * 2 * HEAD_DIM, "intermediate_size": 512,
+        "num_hidden_layers": NUM_LAYERS, "num_attention_heads": NUM_KV_HEADS * 2,
+        "num_key_value_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": 512,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    }
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def _kw(fn, **kwargs):
+    """Call fn with only the keyword arguments it accepts."""
+    import inspect
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+class _LogCapture:
+    def __init__(self):
+        import logging
+        self.records = []
+        cap = self
+
+        class H(logging.Handler):
+            def emit(self, record):
+                try:
+                    msg = record.getMessage()
+                except Exception:
+                    msg = str(record.msg)
+                if record.exc_info and record.exc_info[1] is not None:
+                    msg += f" | {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+                cap.records.append((record.levelname, record.name, msg))
+
+        self.handler = H(level=logging.WARNING)
+        for name in ("vllm", ""):
+            logging.getLogger(name).addHandler(self.handler)
+
+    def errors(self):
+        return [f"{lvl} {name}: {msg}"[:2000] for lvl, name, msg in self.records
+                if lvl in ("ERROR", "CRITICAL")]
+
+    def warnings(self):
+        return [f"{lvl} {name}: {msg}"[:600] for lvl, name, msg in self.records
+                if lvl == "WARNING"]
+
+
+def _setup(role, args, tmpdir):
+    """Build config, connector, KV cache, registration. Returns a dict of state."""
+    import importlib.metadata as md
+    import torch
+
+    state = {"role": role}
+    state["platform"] = _force_platform()
+
+    # what the engine core / worker do first: load general plugins (the shim may be one)
+    try:
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+    except Exception as e:  # pragma: no cover
+        state.setdefault("warnings", []).append(f"load_general_plugins: {e!r}")
+
+    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                             SchedulerConfig, VllmConfig, set_current_vllm_config)
+    from vllm.distributed import (init_distributed_environment,
+                                  initialize_model_parallel)
+    from vllm.distributed.kv_transfer import kv_transfer_state as kvts
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    state["vllm"] = md.version("vllm")
+    model_dir = os.path.join(tmpdir, "tinyllama")
+    extra = {}
+    if args.native_opt_in:
+        extra["enable_cross_layers_blocks"] = "True"
+    mc = _kw(ModelConfig, model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+             dtype="bfloat16", max_model_len=512, seed=0)
+    kvt = _kw(KVTransferConfig, kv_connector="NixlConnector", kv_role="kv_both",
+              kv_buffer_device="cuda", engine_id=f"{role}-engine",
+              kv_connector_extra_config=extra)
+    sc = _kw(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
+             is_encoder_decoder=False)
+    cc = _kw(CacheConfig, block_size=BLOCK_SIZE)
+    cfg = _kw(VllmConfig, model_config=mc, cache_config=cc, scheduler_config=sc,
+              kv_transfer_config=kvt, device_config=DeviceConfig("cpu"))
+    state["cfg"] = cfg
+    ctx = set_current_vllm_config(cfg)
+    ctx.__enter__()
+    state["_ctx"] = ctx  # keep a reference: GC would exit the context
+    init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                 distributed_init_method=f"file://{tmpdir}/dist-{role}",
+                                 backend="gloo")
+    initialize_model_parallel(1, 1)
+
+    backends = _current_backends(cfg)
+    backend = backends[0]
+    state["backend"] = backend.get_name()
+
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+    spec = _kw(FullAttentionSpec, block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+               head_size=HEAD_DIM, dtype=torch.bfloat16)
+    # mirrors GPUModelRunner.get_kv_cache_spec (0.24-0.28): the runner stamps each
+    # AttentionSpec with its backend's indexes_kv_by_block_stride() under the current config
+    import dataclasses
+    if "indexes_kv_by_block_stride" in {f.name for f in dataclasses.fields(spec)} and \
+            hasattr(backend, "indexes_kv_by_block_stride"):
+        with set_current_vllm_config(cfg):
+            spec = dataclasses.replace(
+                spec, indexes_kv_by_block_stride=backend.indexes_kv_by_block_stride())
+    specs = {n: spec for n in names}
+
+    # 0.29+: resolve the KV cache layout once, as the engine core does.
+    layout_api = _has("vllm.v1.attention.backends.utils", "resolve_kv_cache_layout")
+    if layout_api:
+        from vllm.v1.attention.backends.utils import (get_supported_kv_cache_layouts,
+                                                      resolve_kv_cache_layout)
+        supported = [[l.name for l in get_supported_kv_cache_layouts(backends)]]
+        layout = resolve_kv_cache_layout(cfg, supported, list(specs.values()))
+        state["kv_layout"] = layout.name
+        state["layout_block_outermost"] = bool(getattr(layout, "is_block_outermost", False))
+    # KV cache config from the release's own planner (engine core side)
+    try:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    except ImportError:  # 0.33: moved to kv_cache_planning
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+    cfg.cache_config.num_gpu_blocks_override = NUM_BLOCKS
+    mem = spec.page_size_bytes * NUM_BLOCKS * NUM_LAYERS
+    import inspect
+    if "global_kv_cache_groups" in inspect.signature(get_kv_cache_configs).parameters:
+        # 0.33: the engine core computes the global groups first (same module)
+        import importlib
+        ggroups = importlib.import_module(get_kv_cache_configs.__module__) \
+            .get_global_kv_cache_groups(cfg, [specs])
+        kvcc = get_kv_cache_configs(cfg, [specs], [mem], ggroups)[0]
+    else:
+        kvcc = get_kv_cache_configs(cfg, [specs], [mem])[0]
+    if layout_api and hasattr(kvcc, "kv_cache_layout"):
+        kvcc.kv_cache_layout = cfg.cache_config.kv_cache_layout
+    state["num_blocks"] = kvcc.num_blocks
+
+    # worker side: connector via the real factory
+    _kw(kvts.ensure_kv_transfer_initialized, vllm_config=cfg, kv_cache_config=kvcc)
+    conn = kvts.get_kv_transfer_group()
+    state["conn"] = conn
+    state["connector_class"] = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    try:
+        state["prefer_cross_layer_blocks"] = bool(conn.prefer_cross_layer_blocks)
+    except Exception:
+        state["prefer_cross_layer_blocks"] = None
+    if not layout_api:
+        try:
+            from vllm.v1.attention.backends.utils import get_kv_cache_layout
+            state["kv_layout"] = get_kv_cache_layout()
+        except Exception as e:
+            state["kv_layout"] = f"n/a ({e!r})"
+
+    runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
+    state["runner"] = runner
+    state["kv_caches"] = kv_caches
+
+    # registration exactly as GPUModelRunner.initialize_kv_cache does
+    xl = getattr(runner, "cross_layers_kv_cache", None)
+    # <=0.28: the model runner allocated a cross-layer tensor; 0.29+: the resolved layout is
+    # block-outermost (the only form cross-layer takes there)
+    state["cross_layer"] = xl is not None or state.get("layout_block_outermost", False)
+    if xl is not None:
+        state["cross_layer_shape"] = list(xl.shape)
+        conn.register_cross_layers_kv_cache(xl, runner.cross_layers_attn_backend)
+    else:
+        conn.register_kv_caches(kv_caches)
+    try:
+        from vllm.v1.worker.gpu_model_runner import copy_kv_blocks  # noqa
+        if hasattr(conn, "set_host_xfer_buffer_ops"):
+            conn.set_host_xfer_buffer_ops(copy_kv_blocks)
+    except Exception:
+        pass
+    state["layer_view_shape"] = list(kv_caches[names[0]].shape)
+    state["names"] = names
+    state["kvcc"] = kvcc
+    return state
+
+
+def _has(mod, attr):
+    import importlib
+    try:
+        return hasattr(importlib.import_module(mod), attr)
+    except Exception:
+        return False
+
+
+def _current_backends(cfg):
+    from vllm.distributed.kv_transfer.kv_connector import utils as U
+    if hasattr(U, "get_current_attn_backends"):
+        return list(U.get_current_attn_backends(cfg))
+    if hasattr(U, "get_current_attn_backend"):
+        return [U.get_current_attn_backend(cfg)]
+    from vllm.attention.selector import get_attn_backend  # very old releases
+    return [get_attn_backend(HEAD_DIM, cfg.model_config.dtype, cfg.cache_config.cache_dtype,
+                             cfg.cache_config.block_size, use_mla=False)]
+
+
+def _allocate_like_gpu_model_runner(cfg, kvcc, backend, names):
+    """Call the release's own GPUModelRunner.initialize_kv_cache_tensors on a runner object
+    that was not __init__'ed (no GPU). Only the attributes those methods read are set."""
+    import dataclasses
+    import types
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker import utils as wutils
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    group_spec = kvcc.kv_cache_groups[0].kv_cache_spec
+    ag_fields = {f.name for f in dataclasses.fields(wutils.AttentionGroup)}
+    ag_kwargs = dict(backend=backend, layer_names=list(names), kv_cache_spec=group_spec,
+                     kv_cache_group_id=0)
+    if "metadata_builders" in ag_fields:
+        ag_kwargs["metadata_builders"] = []
+    attn_group = wutils.AttentionGroup(**{k: v for k, v in ag_kwargs.items() if k in ag_fields})
+    class _LayerStub:  # stand-in for the Attention modules bind_kv_cache attaches caches to
+        def __init__(self):
+            self.kv_cache = []
+
+        def bind_kv_cache(self, kv_cache):
+            self.kv_cache = kv_cache
+
+    fwd = {n: _LayerStub() for n in names}
+    attrs = dict(
+        vllm_config=cfg, model_config=cfg.model_config, cache_config=cfg.cache_config,
+        parallel_config=cfg.parallel_config, scheduler_config=cfg.scheduler_config,
+        kv_cache_config=kvcc, device=torch.device("cpu"), attn_groups=[[attn_group]],
+        runner_only_attn_layers=set(), shared_kv_cache_layers={}, kv_caches=[],
+        compilation_config=types.SimpleNamespace(static_forward_context=fwd),
+        cross_layers_kv_cache=None, cross_layers_attn_backend=None,
+        speculative_config=None, kv_sharing_fast_prefill_eligible_layers=set(),
+        dtype=cfg.model_config.dtype,
+    )
+    for k, v in attrs.items():
+        try:
+            setattr(runner, k, v)
+        except Exception:
+            pass
+    kernel_block_sizes = _kernel_block_sizes(runner, kvcc)
+    kv_caches = runner.initialize_kv_cache_tensors(kvcc, kernel_block_sizes)
+    return runner, kv_caches
+
+
+def _kernel_block_sizes(runner, kvcc):
+    """Kernel block sizes as the release's runner computes them."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import prepare_kernel_block_sizes
+        return list(prepare_kernel_block_sizes(kvcc, runner.attn_groups))
+    except Exception:
+        pass
+    try:
+        from vllm.v1.worker.utils import prepare_kernel_block_sizes
+        return list(prepare_kernel_block_sizes(kvcc, runner.attn_groups))
+    except Exception:
+        pass
+    if hasattr(runner, "_prepare_kernel_block_sizes"):
+        try:
+            return list(runner._prepare_kernel_block_sizes(kvcc))
+        except Exception:
+            pass
+    return [BLOCK_SIZE]
+
+
+def _worker_state(state):
+    w = state["conn"].connector_worker
+    out = {}
+    for a in ("num_regions", "num_descs", "num_blocks", "block_size", "block_len",
+              "block_len_per_layer", "kv_cache_layout", "backend_name",
+              "_physical_blocks_per_logical_kv_block", "_has_packed_cache", "use_mla"):
+        if hasattr(w, a):
+            v = getattr(w, a)
+            if isinstance(v, (int, float, str, bool, list, tuple)) or v is None:
+                out[a] = list(v) if isinstance(v, tuple) else v
+    sbd = getattr(w, "src_blocks_data", None)
+    if isinstance(sbd, list):
+        out["len_src_blocks_data"] = len(sbd)
+    topo = getattr(w, "transfer_topo", None) or getattr(w, "kv_topo", None)
+    if topo is not None:
+        t = {}
+        for a in ("cross_layers_blocks", "_cross_layers_blocks", "split_k_and_v",
+                  "is_kv_layout_blocks_first", "tensor_shape", "block_size_position"):
+            try:
+                v = getattr(topo, a)
+            except Exception:
+                continue
+            if isinstance(v, (int, bool, str)) or v is None:
+                t[a] = v
+            elif isinstance(v, (tuple, list)) or hasattr(v, "__len__"):
+                try:
+                    t[a] = list(v)
+                except Exception:
+                    pass
+        out["topology"] = t
+    return out
+
+
+def _block_dim(t):
+    dims = [i for i, s in enumerate(t.shape) if s == NUM_BLOCKS]
+    assert len(dims) == 1, f"cannot find the block dim in {tuple(t.shape)}"
+    return dims[0]
+
+
+def _get_blocks(t, ids):
+    import torch
+    d = _block_dim(t)
+    return t.index_select(d, torch.tensor(ids, dtype=torch.long)).contiguous()
+
+
+def _fill_reference(state):
+    import torch
+    g = torch.Generator().manual_seed(1234)
+    ref = {}
+    for n in state["names"]:
+        t = state["kv_caches"][n]
+        src = torch.randn(tuple(t.shape), generator=g).to(t.dtype)
+        t.copy_(src)
+        ref[n] = src
+    return ref
+
+
+def _wrap_xfer_counter(state):
+    """Pass-through wrapper on the NIXL agent's make_prepped_xfer to count descriptors."""
+    w = state["conn"].connector_worker
+    agent = getattr(w, "nixl_wrapper", None)
+    calls = []
+    if agent is None:
+        return calls
+    orig = agent.make_prepped_xfer
+
+    def counted(*a, **k):
+        try:
+            local_ids = a[2] if len(a) > 2 else k.get("local_indices")
+            calls.append(len(local_ids))
+        except Exception:
+            pass
+        return orig(*a, **k)
+
+    try:
+        agent.make_prepped_xfer = counted
+    except Exception:
+        pass
+    return calls
+
+
+def _block_ids_arg(state, ids):
+    """Flat list on releases whose ReqMeta.local_block_ids is list[int], else one list
+    per KV cache group."""
+    import importlib
+    mod = importlib.import_module(type(state["conn"]).__module__)
+    md_cls = None
+    for cand in (mod.__name__.rsplit(".", 1)[0] + ".metadata", mod.__name__):
+        try:
+            m = importlib.import_module(cand)
+            if hasattr(m, "ReqMeta"):
+                md_cls = m.ReqMeta
+                break
+        except Exception:
+            continue
+    ann = str(getattr(md_cls, "__annotations__", {}).get("local_block_ids", ""))
+    if ann in ("list[int]", "<class 'list'>", "typing.List[int]", "list"):
+        return list(ids)
+    return (list(ids),)
+
+
+def _metadata_cls(state):
+    import importlib
+    mod = importlib.import_module(type(state["conn"]).__module__)
+    if hasattr(mod, "NixlConnectorMetadata"):
+        return mod.NixlConnectorMetadata
+    m = importlib.import_module(mod.__name__.rsplit(".", 1)[0] + ".metadata")
+    return m.NixlConnectorMetadata
+
+
+def _new_md(state):
+    md = _metadata_cls(state)()
+    if hasattr(md, "scheduler_clock"):
+        md.scheduler_clock = time.perf_counter()
+    return md
+
+
+def _tick(state, md=None):
+    conn = state["conn"]
+    conn.bind_connector_metadata(md if md is not None else _new_md(state))
+    conn.start_load_kv(None)
+    done = conn.get_finished(set())
+    conn.clear_connector_metadata()
+    return done
+
+
+def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
+    os.environ.update(env)
+    args = argparse.Namespace(**args_dict)
+    t0 = time.time()
+    logs = None
+    try:
+        import vllm.logger  # noqa: F401  (vLLM's dictConfig replaces handlers at import)
+        logs = _LogCapture()
+        st = _setup(role, args, tmpdir)
+        import torch
+        ws = _worker_state(st)
+        info = {k: st[k] for k in ("vllm", "platform", "backend", "kv_layout", "cross_layer",
+                                    "prefer_cross_layer_blocks", "connector_class", "layout_block_outermost",
+                                    "layer_view_shape", "num_blocks") if k in st}
+        info["cross_layer_shape"] = st.get("cross_layer_shape")
+        info["worker"] = ws
+        info["setup_s"] = round(time.time() - t0, 2)
+        conn = st["conn"]
+        if role == "p":
+            ref = _fill_reference(st)
+            # engine core: worker handshake metadata -> scheduler connector side channel
+            sched_cls = type(conn)
+            sched = _kw(sched_cls, vllm_config=st["cfg"], role=_role("SCHEDULER"),
+                        kv_cache_config=st["kvcc"])
+            st["sched"] = sched
+            # engine core: collect the worker's handshake metadata with the release's own
+            # GPU Worker.get_kv_connector_handshake_metadata, hand it to the scheduler side
+            from vllm.v1.worker.gpu_worker import Worker as GpuWorker
+            content = {}
+            gw = object.__new__(GpuWorker)  # not __init__'ed; only what the method reads
+            for a, v in (("vllm_config", st["cfg"]), ("parallel_config", st["cfg"].parallel_config),
+                         ("model_runner", st["runner"]), ("rank", 0), ("local_rank", 0)):
+                try:
+                    setattr(gw, a, v)
+                except Exception:
+                    pass
+            wd = GpuWorker.get_kv_connector_handshake_metadata(gw)
+            if wd:
+                content.update(wd)
+            if content:
+                if hasattr(sched, "set_xfer_handshake_metadata_pp_aware"):
+                    sched.set_xfer_handshake_metadata_pp_aware(content)
+                else:
+                    sched.set_xfer_handshake_metadata(content)
+            info["reference"] = {n: ref[n].view(torch.int16).numpy().tobytes() for n in st["names"]}
+            info["ref_shape"] = list(ref[st["names"][0]].shape)
+            res_q.put(("ready", info))
+            done_sending = set()
+            deadline = time.time() + args.timeout * 4
+            while time.time() < deadline:
+                try:
+                    cmd = cmd_q.get(timeout=0.02)
+                except queue_mod.Empty:
+                    cmd = None
+                if cmd is not None:
+                    if cmd[0] == "stop":
+                        break
+                    if cmd[0] == "send":
+                        req = cmd[1]
+                        md = _new_md(st)
+                        md.reqs_in_batch = set([req]) | set(getattr(md, "reqs_in_batch", set()))
+                        md.reqs_to_send = {req: time.perf_counter() + 120}
+                        s, r = _tick(st, md)
+                        done_sending |= set(s or ())
+                        res_q.put(("send_ack", req))
+                    elif cmd[0] == "status":
+                        res_q.put(("status", sorted(done_sending), logs.errors()[-20:]))
+                    continue
+                s, r = _tick(st)
+                if s:
+                    new = set(s) - done_sending
+                    done_sending |= set(s)
+                    for q in new:
+                        res_q.put(("sent", q))
+            res_q.put(("p_exit", {"errors": logs.errors()[-20:]}))
+        else:
+            res_q.put(("ready", info))
+            calls = _wrap_xfer_counter(st)
+            import numpy as np
+            while True:
+                cmd = cmd_q.get(timeout=args.timeout * 4)
+                if cmd[0] == "stop":
+                    break
+                _, req, remote_ids, local_ids, p_info = cmd
+                res = {"req": req, "remote_block_ids": remote_ids, "local_block_ids": local_ids}
+                n_calls0 = len(calls)
+                err0 = len(logs.errors())
+                md = _new_md(st)
+                params = dict(remote_block_ids=_block_ids_arg(st, remote_ids),
+                              remote_engine_id=p_info["engine_id"], remote_request_id=req,
+                              remote_host="127.0.0.1", remote_port=p_info["port"],
+                              tp_size=1, do_remote_prefill=True, do_remote_decode=False)
+                lids = _block_ids_arg(st, local_ids)
+                if hasattr(md, "add_new_req_to_recv"):
+                    md.add_new_req_to_recv(req, lids, params)
+                else:
+                    _kw(md.add_new_req, request_id=req, local_block_ids=lids,
+                        kv_transfer_params=params, load_remote_cache=True)
+                t1 = time.time()
+                recv_done = False
+                s, r = _tick(st, md)
+                while time.time() - t1 < args.timeout:
+                    if r and req in r:
+                        recv_done = True
+                        break
+                    time.sleep(0.01)
+                    s, r = _tick(st)
+                res["recv_done"] = recv_done
+                res["recv_s"] = round(time.time() - t1, 3)
+                try:
+                    res["invalid_block_ids"] = sorted(conn.get_block_ids_with_load_errors())
+                except Exception as e:
+                    res["invalid_block_ids"] = f"n/a {e!r}"
+                res["xfer_calls"] = calls[n_calls0:]
+                res["errors"] = logs.errors()[err0:][-10:]
+                res["layers"] = {n: st["kv_caches"][n].contiguous().view(torch.int16)
+                                 .numpy().tobytes() for n in st["names"]}
+                res_q.put(("recv", res))
+            res_q.put(("d_exit", {}))
+    except BaseException as e:
+        res_q.put(("fatal", {"role": role, "error": f"{type(e).__name__}: {e}",
+                             "traceback": traceback.format_exc()[-4000:],
+                             "log_errors": logs.errors()[-10:] if logs else []}))
+
+
+def _role(name):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    return getattr(KVConnectorRole, name)
+
+
+# ----------------------------------------------------------------------------------------
+# parent side
+# ----------------------------------------------------------------------------------------
+def _expect(q, kinds, timeout, what):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            msg = q.get(timeout=max(0.05, end - time.time()))
+        except queue_mod.Empty:
+            break
+        if msg[0] == "fatal":
+            raise RuntimeError(f"{what}: child died: {msg[1]['error']}\n{msg[1]['traceback']}"
+                               f"\nlog errors: {msg[1].get('log_errors')}")
+        if msg[0] in kinds:
+            return msg
+    raise TimeoutError(f"{what}: no {kinds} within {timeout}s")
+
+
+def _verify(p_info, d_layers, expected_owner):
+    """Compare D's per-layer logical views against P's reference, block by block."""
+    import numpy as np
+    shape = tuple(p_info["ref_shape"])
+    bd = [i for i, s in enumerate(shape) if s == NUM_BLOCKS][0]
+    bad = []
+    for n, dbytes in d_layers.items():
+        ref = np.frombuffer(p_info["reference"][n], dtype=np.int16).reshape(shape)
+        got = np.frombuffer(dbytes, dtype=np.int16).reshape(shape)
+        for b in range(NUM_BLOCKS):
+            g = np.take(got, b, axis=bd)
+            src = expected_owner.get(b)
+            if src is None:
+                if np.any(g != 0):
+                    bad.append(f"{n} local block {b} should be untouched (zero)")
+            else:
+                if not np.array_equal(g, np.take(ref, src, axis=bd)):
+                    bad.append(f"{n} local block {b} != remote block {src}")
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--case", action="append", choices=CASE_ORDER,
+                    help="run only these cases (default: all, in order)")
+    ap.add_argument("--native-opt-in", action="store_true",
+                    help="kv_connector_extra_config enable_cross_layers_blocks=True (0.16-0.28)")
+    ap.add_argument("--p-env", action="append", default=[], metavar="KEY=VAL")
+    ap.add_argument("--d-env", action="append", default=[], metavar="KEY=VAL")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
+                    help="set on both sides")
+    ap.add_argument("--timeout", type=float, default=60.0, help="per step, seconds")
+    ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
+    ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
+    args = ap.parse_args()
+    t_start = time.time()
+    cases = args.case or CASE_ORDER
+
+    def kv(lst):
+        return dict(x.split("=", 1) for x in lst)
+
+    both = kv(args.env)
+    env_p = dict(both, **kv(args.p_env), VLLM_NIXL_SIDE_CHANNEL_PORT=str(args.p_port),
+                 VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+    env_d = dict(both, **kv(args.d_env), VLLM_NIXL_SIDE_CHANNEL_PORT=str(args.d_port),
+                 VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+    result = {"vllm": None, "platform": None, "backend": None, "kv_layout": None,
+              "cross_layer": None, "num_regions": None, "descs_per_block": None,
+              "block_len": None, "transfer_verified": False, "cases": {}, "errors": [],
+              "env_p": {k: v for k, v in env_p.items()}, "env_d": {k: v for k, v in env_d.items()},
+              "native_opt_in": args.native_opt_in,
+              "inherited": {k: os.environ[k] for k in os.environ
+                            if k.startswith(("ENABLE_XLKV", "XLKV", "VLLM_KV_CACHE_LAYOUT",
+                                             "VLLM_USE_V2"))}}
+    ctx = mp.get_context("spawn")
+    tmpdir = tempfile.mkdtemp(prefix="pdh-")
+    _write_model_dir(os.path.join(tmpdir, "tinyllama"))
+    q_p, q_d, res_p, res_d = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    procs = []
+
+    def start(role, q, r, env):
+        saved = dict(os.environ)
+        os.environ.update(env)  # so that interpreter-startup hooks (.pth) see it too
+        try:
+            p = ctx.Process(target=child_main, args=(role, vars(args), tmpdir, q, r, env),
+                            daemon=True)
+            p.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        procs.append(p)
+        return p
+
+    try:
+        start("p", q_p, res_p, env_p)
+        start("d", q_d, res_d, env_d)
+        _, p_info = _expect(res_p, ("ready",), 180, "P setup")
+        _, d_info = _expect(res_d, ("ready",), 180, "D setup")
+        p_info["engine_id"] = "p-engine"
+        p_info["port"] = args.p_port
+        for side, info in (("p", p_info), ("d", d_info)):
+            result[side] = {k: v for k, v in info.items() if k not in ("reference",)}
+        w = d_info["worker"]
+        result.update(vllm=d_info["vllm"], platform=d_info["platform"],
+                      backend=d_info["backend"], kv_layout=d_info.get("kv_layout"),
+                      cross_layer=d_info["cross_layer"], num_regions=w.get("num_regions"))
+        nd = w.get("num_descs") or w.get("len_src_blocks_data")  # <=0.15: no num_descs
+        if nd and w.get("num_blocks"):
+            result["descs_per_block"] = nd / w["num_blocks"]
+            if result["descs_per_block"] == int(result["descs_per_block"]):
+                result["descs_per_block"] = int(result["descs_per_block"])
+        bl = w.get("block_len_per_layer") or w.get("block_len")
+        if isinstance(bl, list) and bl and len(set(bl)) == 1:
+            bl = bl[0]
+        result["block_len"] = bl
+        result["p_d_layout_match"] = (p_info["worker"].get("num_regions") == w.get("num_regions")
+                                      and p_info.get("cross_layer") == d_info.get("cross_layer"))
+
+        expected_owner = {}
+        all_ok = True
+        for cname in cases:
+            for suffix, remote, local, ntok in CASES[cname]:
+                req = f"req-{cname}-{suffix}"
+                c = {"num_tokens": ntok}
+                try:
+                    q_p.put(("send", req))
+                    _expect(res_p, ("send_ack",), args.timeout, "P send registration")
+                    pmsg = {k: p_info[k] for k in ("engine_id", "port")}
+                    q_d.put(("recv", req, remote, local, pmsg))
+                    _, r = _expect(res_d, ("recv",), args.timeout + 15, f"D recv {req}")
+                    layers = r.pop("layers")
+                    c.update(r)
+                    ok_recv = r["recv_done"] and not r["invalid_block_ids"] \
+                        if isinstance(r["invalid_block_ids"], list) else r["recv_done"]
+                    if ok_recv:
+                        for lb, rb in zip(local, remote):
+                            expected_owner[lb] = rb
+                    # wait for P to see the completion notification
+                    sent = False
+                    end = time.time() + (10 if ok_recv else 2)
+                    while time.time() < end:
+                        try:
+                            m = res_p.get(timeout=0.2)
+                        except queue_mod.Empty:
+                            continue
+                        if m[0] == "sent" and m[1] == req:
+                            sent = True
+                            break
+                        if m[0] == "fatal":
+                            raise RuntimeError(m[1]["error"])
+                    c["p_done_sending"] = sent
+                    if r.get("xfer_calls"):
+                        nblk = len(remote)
+                        c["xfer_descs"] = sum(r["xfer_calls"])
+                        c["xfer_descs_per_block"] = sum(r["xfer_calls"]) / nblk
+                    try:
+                        bad = _verify(p_info, layers, expected_owner)
+                    except Exception as e:
+                        bad = [f"verify failed: {type(e).__name__}: {e}"]
+                    c["bytes_ok"] = not bad
+                    c["mismatches"] = bad[:10]
+                    c["num_mismatches"] = len(bad)
+                    c["ok"] = bool(ok_recv) and not bad
+                except Exception as e:
+                    c["ok"] = False
+                    c["error"] = f"{type(e).__name__}: {e}"[:3000]
+                if not c["ok"]:
+                    reasons = [e for e in (c.get("errors") or []) if e]
+                    if c.get("error"):
+                        reasons.append(c["error"])
+                    if not reasons:
+                        reasons.append(f"recv_done={c.get('recv_done')} invalid_block_ids="
+                                       f"{c.get('invalid_block_ids')} mismatches="
+                                       f"{c.get('num_mismatches')}")
+                    # the exception text of the last logged failure is the reason D saw
+                    exc = [e.split(" | ", 1)[1] for e in reasons if " | " in e]
+                    c["failure_reason"] = (exc or reasons)[-1][:1500]
+                    result["errors"].extend(f"{cname}: {r}"[:2000] for r in reasons)
+                result["cases"][cname] = c
+                all_ok &= c["ok"]
+        q_d.put(("stop",))
+        q_p.put(("stop",))
+        result["timing_s"] = round(time.time() - t_start, 2)
+    except Exception as e:
+        result["errors"].append(f"{type(e).__name__}: {e}"[:6000])
+        all_ok = False
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    result["transfer_verified"] = bool(all_ok) and bool(result["cases"])
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(json.dumps({k: result[k] for k in ("vllm", "backend", "kv_layout", "cross_layer",
+                                               "num_regions", "descs_per_block", "block_len",
+                                               "transfer_verified")}))
+    return 0 if result["transfer_verified"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

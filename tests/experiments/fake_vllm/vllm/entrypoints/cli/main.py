@@ -1,0 +1,237 @@
+"""A fake ``vllm`` CLI (``serve`` and ``bench serve``) for CPU tests of the experiment scripts.
+
+It speaks just enough of vLLM's HTTP API and log format for pd_equivalence.sh and
+pd_bench.sh to run end to end without a GPU:
+
+* ``serve``: /health, /v1/models, /v1/completions (greedy "generation" = a fixed function
+  of the prompt ids; P/D via kv_transfer_params like NixlConnector; streaming), /metrics
+  with the NIXL histograms' _sum/_count, and the periodic "KV Transfer metrics: ..." log
+  line in vLLM's own format (``", ".join(f"{k}={v}")`` of NixlKVConnectorStats.reduce()).
+  Descriptors per KV block: 56 (stock), 1 with ENABLE_XLKV=true (FAKE_SHIM_DESC overrides)
+  or with kv_connector_extra_config.enable_cross_layers_blocks.
+  FAKE_PD_CORRUPT=1 makes the decode side of P/D requests generate other tokens.
+* ``bench serve``: concurrent streamed requests through --base-url, writes a result JSON
+  with the keys `vllm bench serve` writes (mean_ttft_ms, ...).
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+BLOCK_BYTES = 16 * 28 * 2 * 8 * 128 * 2
+
+
+def _ids(prompt):
+    if isinstance(prompt, list):
+        return [int(x) for x in prompt]
+    return [int(w[1:]) if w.startswith("w") and w[1:].isdigit() else 0 for w in prompt.split()]
+
+
+def _gen(ids, n, corrupt=False):
+    s = sum(ids) * 31 + len(ids) + (17 if corrupt else 0)
+    return [2 + (s + 7919 * k) % 31998 for k in range(n)]
+
+
+def serve(argv):
+    from aiohttp import web
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-transfer-config", default="{}")
+    a, _ = ap.parse_known_args(argv)
+    kvcfg = json.loads(a.kv_transfer_config)
+    native = str(kvcfg.get("kv_connector_extra_config", {}).get("enable_cross_layers_blocks", "")).lower() == "true"
+    shim = os.environ.get("ENABLE_XLKV", "").lower() == "true"
+    per_block = 56
+    if native and os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") != "1":
+        per_block = 1
+    if shim:
+        per_block = int(os.environ.get("FAKE_SHIM_DESC", "1"))
+    interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
+    print("INFO [cuda.py:373] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].",
+          flush=True)
+    if shim:
+        print("INFO [registry.py:329] xlkv_autopatch: fake-nixl is active in this process (first call, pid=%d)"
+              % os.getpid(), flush=True)
+    pending = {"transfer_duration": [], "bytes_transferred": [], "num_descriptors": []}
+    prom = {"desc_sum": 0.0, "count": 0, "bytes_sum": 0.0, "time_sum": 0.0}
+
+    async def logger_task(app):
+        async def loop():
+            while True:
+                await asyncio.sleep(interval)
+                if not pending["num_descriptors"]:
+                    continue
+                n = len(pending["num_descriptors"])
+                xt = pending["transfer_duration"]
+                mb = [b / 2**20 for b in pending["bytes_transferred"]]
+                stats = {
+                    "Num successful transfers": n,
+                    "Avg xfer time (ms)": round(statistics.mean(xt) * 1e3, 3),
+                    "P90 xfer time (ms)": round(sorted(xt)[int(0.9 * (n - 1))] * 1e3, 3),
+                    "Avg post time (ms)": 0.05,
+                    "P90 post time (ms)": 0.07,
+                    "Avg MB per transfer": round(sum(mb) / n, 3),
+                    "Throughput (MB/s)": round(sum(mb) / sum(xt), 3),
+                    "Avg number of descriptors": round(statistics.mean(pending["num_descriptors"]), 1),
+                }
+                for v in pending.values():
+                    v.clear()
+                print("(APIServer pid=%d) INFO %s [metrics.py:103] KV Transfer metrics: %s" % (
+                    os.getpid(), time.strftime("%m-%d %H:%M:%S"), ", ".join(f"{k}={v}" for k, v in stats.items())),
+                    flush=True)
+        app["logger"] = asyncio.ensure_future(loop())
+
+    async def health(request):
+        return web.Response(text="")
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": a.model, "object": "model"}]})
+
+    async def metrics(request):
+        lab = '{engine="0",model_name="%s"}' % a.model
+        text = "\n".join([
+            "# HELP vllm:nixl_num_descriptors Histogram of number of descriptors",
+            "# TYPE vllm:nixl_num_descriptors histogram",
+            "vllm:nixl_num_descriptors_sum%s %s" % (lab, prom["desc_sum"]),
+            "vllm:nixl_num_descriptors_count%s %s" % (lab, float(prom["count"])),
+            "vllm:nixl_bytes_transferred_sum%s %s" % (lab, prom["bytes_sum"]),
+            "vllm:nixl_bytes_transferred_count%s %s" % (lab, float(prom["count"])),
+            "vllm:nixl_xfer_time_seconds_sum%s %s" % (lab, prom["time_sum"]),
+            "vllm:nixl_num_failed_transfers_total%s 0.0" % lab, ""])
+        return web.Response(text=text)
+
+    async def completions(request):
+        body = await request.json()
+        ids = _ids(body["prompt"])
+        n = int(body.get("max_tokens", 16))
+        kvp = body.get("kv_transfer_params") or {}
+        out_kv = None
+        corrupt = False
+        if kvp.get("do_remote_decode"):
+            nb = -(-len(ids) // a.block_size)
+            out_kv = {"do_remote_prefill": True, "do_remote_decode": False,
+                      "remote_block_ids": list(range(nb)), "remote_engine_id": "fake-%d" % a.port,
+                      "remote_host": "localhost", "remote_port": int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", 0)),
+                      "remote_request_id": "req-%d" % time.time_ns(), "tp_size": 1}
+        elif kvp.get("do_remote_prefill"):
+            nb = len(kvp["remote_block_ids"])
+            pending["transfer_duration"].append(0.002)
+            pending["bytes_transferred"].append(nb * BLOCK_BYTES)
+            pending["num_descriptors"].append(nb * per_block)
+            prom["desc_sum"] += nb * per_block
+            prom["count"] += 1
+            prom["bytes_sum"] += nb * BLOCK_BYTES
+            prom["time_sum"] += 0.002
+            corrupt = os.environ.get("FAKE_PD_CORRUPT") == "1"
+        toks = _gen(ids, n, corrupt)
+        await asyncio.sleep(0.001 * len(ids) / 100)
+        if not body.get("stream"):
+            choice = {"index": 0, "text": " ".join("w%d" % t for t in toks), "finish_reason": "length"}
+            if body.get("return_token_ids"):
+                choice.update(token_ids=toks, prompt_token_ids=ids)
+            return web.json_response({"id": "cmpl", "object": "text_completion", "choices": [choice],
+                                      "usage": {"prompt_tokens": len(ids), "completion_tokens": n},
+                                      "kv_transfer_params": out_kv})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for t in toks:
+            await asyncio.sleep(0.001)
+            chunk = {"choices": [{"index": 0, "text": " w%d" % t}]}
+            await resp.write(("data: %s\n\n" % json.dumps(chunk)).encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.on_startup.append(logger_task)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completions)
+    time.sleep(float(os.environ.get("FAKE_START_DELAY", "0.3")))
+    print("INFO Starting vLLM API server on http://%s:%d" % (a.host, a.port), flush=True)
+    web.run_app(app, host=a.host, port=a.port, print=None)
+
+
+def bench_serve(argv):
+    import aiohttp
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url")
+    ap.add_argument("--endpoint", default="/v1/completions")
+    ap.add_argument("--model")
+    ap.add_argument("--random-input-len", type=int)
+    ap.add_argument("--random-output-len", type=int)
+    ap.add_argument("--num-prompts", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-result", action="store_true")
+    ap.add_argument("--result-dir", default=".")
+    ap.add_argument("--result-filename")
+    a, _ = ap.parse_known_args(argv)
+    rng = random.Random(a.seed)
+
+    async def one(session, i):
+        prompt = " ".join("w%d" % rng.randrange(2, 32000) for _ in range(a.random_input_len))
+        body = {"model": a.model, "prompt": prompt, "max_tokens": a.random_output_len, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True}
+        t0 = time.perf_counter()
+        ttft, last, itl = None, None, []
+        async with session.post(a.base_url + a.endpoint, json=body) as r:
+            if r.status != 200:
+                return None
+            async for line in r.content:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                now = time.perf_counter()
+                if ttft is None:
+                    ttft = now - t0
+                else:
+                    itl.append(now - last)
+                last = now
+        return ttft, itl
+
+    async def run():
+        async with aiohttp.ClientSession() as s:
+            t0 = time.perf_counter()
+            res = await asyncio.gather(*[one(s, i) for i in range(a.num_prompts)])
+            return res, time.perf_counter() - t0
+
+    res, dur = asyncio.run(run())
+    ok = [r for r in res if r is not None]
+    ttfts = sorted(r[0] * 1e3 for r in ok)
+    itls = [x * 1e3 for r in ok for x in r[1]]
+    out = {"date": time.strftime("%Y%m%d-%H%M%S"), "completed": len(ok), "failed": len(res) - len(ok),
+           "mean_ttft_ms": statistics.mean(ttfts), "median_ttft_ms": statistics.median(ttfts),
+           "p99_ttft_ms": ttfts[int(0.99 * (len(ttfts) - 1))], "mean_itl_ms": statistics.mean(itls) if itls else 0,
+           "total_token_throughput": len(ok) * (a.random_input_len + a.random_output_len) / dur}
+    print("Successful requests: %d" % len(ok))
+    print("Mean TTFT (ms): %.2f" % out["mean_ttft_ms"])
+    print("Mean ITL (ms): %.2f" % out["mean_itl_ms"])
+    if a.save_result:
+        os.makedirs(a.result_dir, exist_ok=True)
+        with open(os.path.join(a.result_dir, a.result_filename), "w") as f:
+            json.dump(out, f)
+    return 0 if ok else 1
+
+
+def main():
+    argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
+    if argv[:2] == ["bench", "serve"]:
+        return bench_serve(argv[2:])
+    print("fake vllm: unsupported command %s" % argv, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Unit tests of experiments/pdtools.py: prompts, KV-metrics parsing, descriptor arithmetic,
+results cells and merging, equivalence summaries.  No GPU, no vLLM."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
+sys.path.insert(0, EXP)
+import pdtools  # noqa: E402
+
+# The format string of vLLM 0.21.0 / 0.26.0: metrics.py logs "KV Transfer metrics: %s" with
+# ", ".join(f"{k}={v}" for k, v in NixlKVConnectorStats.reduce().items()).  The prefix is
+# vLLM's logger format.  Numbers: 0.21.0 stock, 2xH200, 64 requests of 10240 tokens
+# (640 blocks of 1.75 MiB, 56 descriptors per block).
+STOCK_LINE = ("(APIServer pid=48211) INFO 11-22 14:03:17 [metrics.py:103] KV Transfer metrics: "
+              "Num successful transfers=12, Avg xfer time (ms)=41.532, P90 xfer time (ms)=77.018, "
+              "Avg post time (ms)=1.204, P90 post time (ms)=2.113, Avg MB per transfer=1120.0, "
+              "Throughput (MB/s)=26967.158, Avg number of descriptors=35840.0")
+SHIM_LINE = ("(APIServer pid=48377) INFO 11-22 14:09:02 [metrics.py:103] KV Transfer metrics: "
+             "Num successful transfers=4, Avg xfer time (ms)=9.1, P90 xfer time (ms)=12.5, "
+             "Avg post time (ms)=0.2, P90 post time (ms)=0.3, Avg MB per transfer=1120.0, "
+             "Throughput (MB/s)=123076.923, Avg number of descriptors=640.0")
+ZERO_LINE = ("INFO 11-22 14:09:05 [metrics.py:103] KV Transfer metrics: Num successful transfers=0, "
+             "Avg xfer time (ms)=0, P90 xfer time (ms)=0, Avg post time (ms)=0, P90 post time (ms)=0, "
+             "Avg MB per transfer=0, Throughput (MB/s)=0, Avg number of descriptors=0")
+QWEN3_BLOCK = 16 * 28 * 2 * 8 * 128 * 2  # 1.75 MiB
+
+
+# ------------------------------------------------------------------ prompts -----------------
+def test_prompt_ids_are_pinned():
+    # Pinned values: a change here changes every equivalence prompt (old results no longer comparable).
+    assert pdtools.prompt_ids(5) == [7265, 8976, 24069, 19236, 27722]
+    assert pdtools.prompt_ids(3, seed=7) == [8444, 14929, 21243]
+    assert pdtools.prompt_text(3, seed=7) == "w8444 w14929 w21243"
+
+
+def test_prompt_ids_range_length_and_seed():
+    ids = pdtools.prompt_ids(4097)
+    assert len(ids) == 4097
+    assert min(ids) >= 2 and max(ids) <= 31999
+    assert len(set(ids)) > 3500  # not degenerate
+    assert pdtools.prompt_ids(100, seed=1) != pdtools.prompt_ids(100, seed=0)
+    assert pdtools.prompt_ids(100)[:10] != pdtools.prompt_ids(101)[:10]  # length is part of the seed
+    with pytest.raises(ValueError):
+        pdtools.prompt_ids(0)
+
+
+def test_prompt_is_deterministic_in_a_fresh_interpreter():
+    out = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "prompt", "7", "--seed", "3"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == pdtools.prompt_text(7, seed=3)
+
+
+# ------------------------------------------------------------------ KV metrics lines --------
+def test_parse_kv_line_realistic():
+    rec = pdtools.parse_kv_line(STOCK_LINE)
+    assert rec[pdtools.KEY_N] == 12 and isinstance(rec[pdtools.KEY_N], int)
+    assert rec[pdtools.KEY_DESC] == 35840.0
+    assert rec[pdtools.KEY_MB] == 1120.0
+    assert rec[pdtools.KEY_XFER] == 41.532
+    assert rec[pdtools.KEY_P90] == 77.018
+    assert rec[pdtools.KEY_TPUT] == 26967.158
+    assert pdtools.parse_kv_line("INFO Avg prompt throughput: 10.0 tokens/s") is None
+
+
+def test_parse_kv_line_roundtrips_vllm_reduce_format():
+    """Build the line exactly as vLLM does (numpy values, f-string join) and parse it back."""
+    np = pytest.importorskip("numpy")
+    descs = np.asarray([56 * 640, 56 * 3], dtype=np.uint32)
+    xfer = np.asarray([0.04, 0.001])
+    mb = np.asarray([1120.0, 5.25])
+    stats = {
+        "Num successful transfers": len(descs),
+        "Avg xfer time (ms)": round(xfer.mean() * 1e3, 3),
+        "P90 xfer time (ms)": round(np.percentile(xfer, 90).item() * 1e3, 3),
+        "Avg post time (ms)": round(0.0012 * 1e3, 3),
+        "P90 post time (ms)": round(0.002 * 1e3, 3),
+        "Avg MB per transfer": round(mb.sum() / 2, 3),
+        "Throughput (MB/s)": round(mb.sum() / xfer.sum(), 3),
+        "Avg number of descriptors": round(descs.mean(), 1),
+    }
+    line = "INFO [metrics.py:103] KV Transfer metrics: %s" % ", ".join(f"{k}={v}" for k, v in stats.items())
+    rec = pdtools.parse_kv_line(line)
+    assert set(rec) == set(stats)
+    for k, v in stats.items():
+        assert rec[k] == pytest.approx(float(v)), k
+
+
+def test_read_and_aggregate_weighted_by_transfers(tmp_path):
+    log = tmp_path / "d.log"
+    log.write_text("noise\n" + STOCK_LINE + "\n" + ZERO_LINE + "\n")
+    off = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("INFO KV Transfer metrics: Num successful transfers=2, Avg xfer time (ms)=10.0, "
+                "Avg MB per transfer=7.0, Avg number of descriptors=10.0\n")
+        f.write("INFO KV Transfer metrics: Num successful transfers=6, Avg xfer time (ms)=2.0, "
+                "Avg MB per transfer=3.5, Avg number of descriptors=2.0\n")
+    assert len(pdtools.read_kv_lines(str(log))) == 4
+    agg = pdtools.aggregate_kv(pdtools.read_kv_lines(str(log), off))
+    assert agg["num_transfers"] == 8 and agg["lines"] == 2
+    assert agg["avg_descriptors_per_transfer"] == pytest.approx((2 * 10 + 6 * 2) / 8)
+    assert agg["avg_mb_per_transfer"] == pytest.approx((2 * 7 + 6 * 3.5) / 8)
+    assert agg["avg_xfer_ms"] == pytest.approx((2 * 10 + 6 * 2) / 8)
+    assert pdtools.aggregate_kv(pdtools.read_kv_lines(str(log), log.stat().st_size))["num_transfers"] == 0
+    # zero-transfer lines are ignored
+    assert pdtools.aggregate_kv([pdtools.parse_kv_line(ZERO_LINE)])["num_transfers"] == 0
+
+
+# ------------------------------------------------------------------ descriptors per block ---
+def test_block_bytes_qwen3_shape(tmp_path):
+    assert pdtools.block_bytes(28, 8, 128, 16, 2) == QWEN3_BLOCK == int(1.75 * 2**20)
+    assert pdtools.block_bytes(28, 8, 128, 16, 2, tp=2) == QWEN3_BLOCK // 2
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_size": 1024, "torch_dtype": "bfloat16"}))
+    assert pdtools.model_block_bytes(str(tmp_path)) == QWEN3_BLOCK
+    assert pdtools.model_block_bytes(str(tmp_path), block_size=32) == 2 * QWEN3_BLOCK
+
+
+def test_descriptors_per_block_from_log_lines():
+    stock = pdtools.kv_summary(pdtools.aggregate_kv([pdtools.parse_kv_line(STOCK_LINE)]), QWEN3_BLOCK)
+    assert stock["blocks_per_transfer"] == pytest.approx(640)
+    assert stock["descriptors_per_block"] == pytest.approx(56)
+    shim = pdtools.kv_summary(pdtools.aggregate_kv([pdtools.parse_kv_line(SHIM_LINE)]), QWEN3_BLOCK)
+    assert shim["descriptors_per_block"] == pytest.approx(1.0)
+    # rounding of "Avg MB per transfer" to 3 places costs little even for one block
+    assert pdtools.descriptors_per_block(2.0, pdtools.blocks_per_transfer(1.75, QWEN3_BLOCK)) == pytest.approx(2.0)
+    assert pdtools.descriptors_per_block(None, 3) is None
+    assert pdtools.blocks_per_transfer(0, QWEN3_BLOCK) is None
+
+
+def test_blocks_for_prompt_and_limits():
+    assert pdtools.blocks_for_prompt(1600) == 100
+    assert pdtools.blocks_for_prompt(1601) == 101
+    assert pdtools.blocks_for_prompt(5) == 1
+    assert pdtools.descriptor_limit("FLASH_ATTN") == 1.0
+    assert pdtools.descriptor_limit("TRITON_ATTN") == 2.0
+    assert pdtools.descriptor_limit(None) == 2.0
+
+
+PROM_TEXT = """# HELP vllm:nixl_num_descriptors Histogram of number of descriptors per NIXL  KV Cache transfers.
+# TYPE vllm:nixl_num_descriptors histogram
+vllm:nixl_num_descriptors_bucket{engine="0",le="10.0",model_name="/tmp/m"} 0.0
+vllm:nixl_num_descriptors_sum{engine="0",model_name="/tmp/m"} 5600.0
+vllm:nixl_num_descriptors_count{engine="0",model_name="/tmp/m"} 1.0
+vllm:nixl_num_descriptors_sum{engine="1",model_name="/tmp/m"} 5600.0
+vllm:nixl_num_descriptors_count{engine="1",model_name="/tmp/m"} 1.0
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="/tmp/m"} 1.835008e+08
+vllm:nixl_bytes_transferred_sum{engine="1",model_name="/tmp/m"} 1.835008e+08
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="/tmp/m"} 0.004
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="/tmp/m"} 0.0
+vllm:num_requests_running{engine="0",model_name="/tmp/m"} 0.0
+"""
+
+
+def test_prom_parse_and_delta():
+    after = pdtools.parse_prom(PROM_TEXT)
+    assert after["transfers"] == 2 and after["descriptors_sum"] == 11200
+    assert pdtools.parse_prom("# nothing\nvllm:num_requests_running 0\n") is None
+    before = {k: 0.0 for k in after}
+    d = pdtools.kv_summary(pdtools.prom_delta(before, after), QWEN3_BLOCK)
+    assert d["num_transfers"] == 2
+    assert d["avg_descriptors_per_transfer"] == 5600
+    assert d["blocks_per_transfer"] == pytest.approx(100)
+    assert d["descriptors_per_block"] == pytest.approx(56)
+    assert pdtools.prom_delta(None, after) is None
+
+
+def test_kv_run_prefers_prometheus_and_falls_back_to_log(tmp_path):
+    log = tmp_path / "d.log"
+    log.write_text("Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].\n" + SHIM_LINE + "\n")
+    after = pdtools.parse_prom(PROM_TEXT)
+    before = {k: 0.0 for k in after}
+    kv = pdtools.kv_run(str(log), 0, before, after, QWEN3_BLOCK, "FLASH_ATTN")
+    assert kv["source"] == "prom" and kv["descriptors_per_block"] == pytest.approx(56)
+    assert kv["log"]["descriptors_per_block"] == pytest.approx(1.0)
+    kv = pdtools.kv_run(str(log), 0, None, None, QWEN3_BLOCK)
+    assert kv["source"] == "log" and kv["descriptors_per_block"] == pytest.approx(1.0)
+    assert pdtools.attention_backend(str(log)) == "FLASH_ATTN"
+    log2 = tmp_path / "e.log"
+    log2.write_text("INFO [cuda.py:312] Using AttentionBackendEnum.TRITON_ATTN backend.\n")
+    assert pdtools.attention_backend(str(log2)) == "TRITON_ATTN"
+
+
+# ------------------------------------------------------------------ cells and merge ---------
+def _bench(ttft, rid):
+    return {"_run_id": rid, "mean_ttft_ms": ttft, "median_ttft_ms": ttft - 1, "p99_ttft_ms": ttft * 2,
+            "mean_itl_ms": 5.0, "total_token_throughput": 1000.0, "completed": 64, "failed": 0}
+
+
+def _kv(desc_per_block):
+    return {"num_transfers": 64, "avg_descriptors_per_transfer": 640.0 * desc_per_block,
+            "avg_mb_per_transfer": 1120.0, "avg_xfer_ms": 9.0, "source": "prom"}
+
+
+def _doc(config, ttfts, prefix, L=10240, eq=True, dpb=1):
+    runs = [_bench(t, "%s-%d" % (prefix, i)) for i, t in enumerate(ttfts)]
+    cell = pdtools.cell_from_runs(config, L, 16, 64, runs, [_kv(dpb)] * len(runs), ["cmd " + prefix], QWEN3_BLOCK)
+    return {"vllm_version": "0.21.0", "gpu": "2xH200", "equivalence_pass": eq, "cells": [cell],
+            "commands": ["cmd " + prefix]}
+
+
+def test_cell_from_runs():
+    c = _doc("shim", [2000.0, 2200.0, 2400.0], "a")["cells"][0]
+    assert c["mean_ttft_ms"] == [2000.0, 2200.0, 2400.0]
+    assert c["reps"] == 3 and c["mean_ttft_ms_mean"] == pytest.approx(2200.0)
+    assert c["mean_ttft_ms_std"] == pytest.approx(200.0)
+    assert c["descriptors_per_block"] == pytest.approx(1.0)
+    assert c["kv_xfer"]["blocks_per_transfer"] == [pytest.approx(640)] * 3
+    assert c["total_tok_s"] == [1000.0] * 3
+
+
+def test_merge_adds_repetitions_idempotently_and_keeps_other_cells():
+    a = _doc("stock", [5000.0, 5100.0], "a", dpb=56)
+    b = _doc("stock", [4900.0], "b", dpb=56)
+    c = _doc("shim", [2000.0], "c")
+    m = pdtools.merge_results([a, b, c])
+    assert len(m["cells"]) == 2
+    stock = [x for x in m["cells"] if x["config"] == "stock"][0]
+    assert stock["mean_ttft_ms"] == [5000.0, 5100.0, 4900.0]
+    assert stock["reps"] == 3 and stock["kv_xfer"]["num_transfers"] == [64, 64, 64]
+    assert stock["descriptors_per_block"] == pytest.approx(56)
+    again = pdtools.merge_results([m, a, b, c])  # nothing new
+    assert [x["mean_ttft_ms"] for x in again["cells"]] == [x["mean_ttft_ms"] for x in m["cells"]]
+    assert set(m["commands"]) == {"cmd a", "cmd b", "cmd c"}
+    # inputs are not modified
+    assert a["cells"][0]["mean_ttft_ms"] == [5000.0, 5100.0]
+
+
+def test_merge_equivalence_flags_and_mismatched_machines():
+    ok = _doc("stock", [1.0], "a", eq=True)
+    bad = _doc("shim", [1.0], "b", eq=False)
+    assert pdtools.merge_results([ok, bad])["equivalence_pass"] is False
+    eq_summary = {"equivalence_pass": True, "descriptor_pass": False, "vllm_version": "0.21.0", "gpu": "2xH200"}
+    m = pdtools.merge_results([ok, eq_summary])
+    assert m["equivalence_pass"] is True and m["descriptor_pass"] is False
+    other = _doc("stock", [1.0], "z")
+    other["vllm_version"] = "0.26.0"
+    assert any("0.26.0" in w for w in pdtools.merge_results([ok, other])["warnings"])
+
+
+def test_merge_and_bench_cell_cli(tmp_path):
+    res = []
+    for i, t in enumerate((3000.0, 3300.0)):
+        p = tmp_path / ("stock-10240-64-r%d.json" % i)
+        p.write_text(json.dumps(_bench(t, "x")))
+        res.append(str(p))
+    kv = tmp_path / "kv.json"
+    kv.write_text(json.dumps(_kv(56)))
+    eq = tmp_path / "eq.json"
+    eq.write_text(json.dumps({"equivalence_pass": True, "descriptor_pass": True, "vllm_version": "0.21.0",
+                              "gpu": "2xH200"}))
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, os.path.join(EXP, "pdtools.py"), "bench-cell", "--out", str(out), "--config", "stock",
+           "--input-len", "10240", "--output-len", "16", "--num-prompts", "64", "--results", *res,
+           "--kv", str(kv), str(kv), "--bytes-per-block", str(QWEN3_BLOCK), "--vllm-version", "0.21.0",
+           "--gpu", "2xH200", "--equivalence", str(eq)]
+    subprocess.run(cmd + ["--run-prefix", "one"], check=True, capture_output=True)
+    subprocess.run(cmd + ["--run-prefix", "one"], check=True, capture_output=True)  # same run ids: no change
+    d = json.loads(out.read_text())
+    assert d["equivalence_pass"] is True and d["cells"][0]["mean_ttft_ms"] == [3000.0, 3300.0]
+    subprocess.run(cmd + ["--run-prefix", "two"], check=True, capture_output=True)  # new reps accumulate
+    d = json.loads(out.read_text())
+    assert d["cells"][0]["reps"] == 4
+    assert d["cells"][0]["descriptors_per_block"] == pytest.approx(56)
+    # merge sub-command
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps(_doc("shim", [1500.0], "s")))
+    merged = tmp_path / "m.json"
+    subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "merge", "--out", str(merged), str(out),
+                    str(other)], check=True, capture_output=True)
+    assert sorted(c["config"] for c in json.loads(merged.read_text())["cells"]) == ["shim", "stock"]
+
+
+def test_bench_cell_ignores_equivalence_of_another_release(tmp_path):
+    p = tmp_path / "r0.json"
+    p.write_text(json.dumps(_bench(1.0, "x")))
+    eq = tmp_path / "eq.json"
+    eq.write_text(json.dumps({"equivalence_pass": True, "vllm_version": "0.26.0", "gpu": "2xH200"}))
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "bench-cell", "--out", str(out), "--config",
+                    "stock", "--input-len", "1024", "--output-len", "16", "--num-prompts", "128", "--results", str(p),
+                    "--vllm-version", "0.21.0", "--gpu", "2xH200", "--equivalence", str(eq)],
+                   check=True, capture_output=True)
+    assert json.loads(out.read_text())["equivalence_pass"] is None
+
+
+def test_gpu_slug():
+    assert pdtools.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "2xH200"
+    assert pdtools.gpu_slug(["NVIDIA H100 80GB HBM3"]) == "1xH100-80GB-HBM3"
+    assert pdtools.gpu_slug([]) == "cpu"
+
+
+# ------------------------------------------------------------------ equivalence summary -----
+def _run(label_lens, shift=0):
+    return [{"prompt_len": n, "method": "return_token_ids", "token_ids": [n + shift, 2, 3], "text": None}
+            for n in label_lens]
+
+
+def test_equivalence_summary_pass_and_failures():
+    lens = [5, 4097]
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
+    probes = {"stock": {"kv": {"descriptors_per_block": 56.0}, "backend": "FLASH_ATTN"},
+              "shim": {"kv": {"descriptors_per_block": 1.0}, "backend": "FLASH_ATTN"}}
+    s = pdtools.summarize_equivalence(runs, probes, lens)
+    assert s["pass"] and s["equivalence_pass"] and s["descriptor_pass"]
+    assert s["baseline"] == "local:stock"
+    text = pdtools.render_equivalence(s)
+    assert "IDENTICAL" in text and "PASS" in text and "pd:shim" in text
+
+    runs["pd:shim"] = _run(lens, shift=1)
+    s = pdtools.summarize_equivalence(runs, probes, lens)
+    assert not s["equivalence_pass"] and not s["pass"]
+    assert any("pd:shim" in m and "len 5" in m for m in s["mismatches"])
+    assert "DIFFERENT" in pdtools.render_equivalence(s)
+
+    runs["pd:shim"] = _run(lens)
+    probes["shim"]["kv"]["descriptors_per_block"] = 2.0  # allowed on TRITON_ATTN, not on FLASH_ATTN
+    s = pdtools.summarize_equivalence(runs, probes, lens)
+    assert s["equivalence_pass"] and s["descriptor_pass"] is False and not s["pass"]
+    probes["shim"]["backend"] = "TRITON_ATTN"
+    assert pdtools.summarize_equivalence(runs, probes, lens)["pass"]
+    probes["shim"]["kv"] = {}  # no transfer seen at all: fail, not pass
+    assert pdtools.summarize_equivalence(runs, probes, lens)["descriptor_pass"] is False
+
+
+def test_compare_runs_reports_position():
+    a = _run([10])
+    b = [dict(a[0], token_ids=[10, 2, 4])]
+    assert pdtools.compare_runs(a, b) == ["len 10: first difference at output position 2"]
+    assert pdtools.compare_runs(a, a) == []
+
+
+def test_extract_token_ids_fallbacks():
+    assert pdtools._extract_token_ids({"token_ids": [5, 6]}) == ([5, 6], "return_token_ids")
+    lp = {"logprobs": {"tokens": ["token_id:7", "token_id:8"]}}
+    assert pdtools._extract_token_ids(lp) == ([7, 8], "logprobs_token_ids")
+    assert pdtools._extract_token_ids({"text": "x"}) == (None, None)

@@ -1,0 +1,93 @@
+"""experiments/report.py: markdown content and the PNG (PNG part skipped without matplotlib)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
+sys.path.insert(0, EXP)
+import pdtools  # noqa: E402
+import report  # noqa: E402
+
+QWEN3_BLOCK = 16 * 28 * 2 * 8 * 128 * 2
+
+
+def _cell(config, L, ttfts, dpb):
+    runs = [{"_run_id": "%s-%d-%d" % (config, L, i), "mean_ttft_ms": t, "median_ttft_ms": t, "p99_ttft_ms": 2 * t,
+             "mean_itl_ms": 20.0, "total_token_throughput": 1e5, "completed": 64, "failed": 0}
+            for i, t in enumerate(ttfts)]
+    kv = {"num_transfers": 64, "avg_descriptors_per_transfer": 640.0 * dpb, "avg_mb_per_transfer": 1120.0}
+    return pdtools.cell_from_runs(config, L, 16, 64 if L > 2048 else 128, runs, [kv] * len(runs), [], QWEN3_BLOCK)
+
+
+@pytest.fixture
+def doc():
+    return {"vllm_version": "0.21.0", "gpu": "2xH200", "equivalence_pass": True, "cells": [
+        _cell("shim", 10240, [2000.0, 2200.0, 2400.0], 1),
+        _cell("stock", 10240, [4800.0, 5000.0, 5200.0], 56),
+        _cell("stock", 1024, [830.0, 850.0, 810.0], 56),
+        _cell("shim", 1024, [800.0, 820.0, 840.0], 1),
+        _cell("native", 10240, [2500.0, 2500.0], 1),
+    ]}
+
+
+def test_rows_stats_and_ratio(doc):
+    rows = report.rows(doc)
+    assert [(r["input_len"], r["config"]) for r in rows] == [
+        (1024, "stock"), (1024, "shim"), (10240, "stock"), (10240, "shim"), (10240, "native")]
+    shim = rows[3]
+    assert shim["ttft"]["mean"] == pytest.approx(2200.0)
+    assert shim["ttft"]["std"] == pytest.approx(200.0)
+    assert (shim["ttft"]["min"], shim["ttft"]["max"]) == (2000.0, 2400.0)
+    assert shim["ratio"] == pytest.approx(5000.0 / 2200.0)
+    assert rows[2]["ratio"] == pytest.approx(1.0)
+    assert rows[4]["ttft"]["std"] == 0.0 and rows[4]["ratio"] == pytest.approx(2.0)
+
+
+def test_markdown_table(doc):
+    md = report.markdown(doc)
+    assert "vLLM 0.21.0 on 2xH200" in md and "equivalence (pd_equivalence.sh): PASS" in md
+    line = [l for l in md.splitlines() if l.startswith("| 10240 × 64 | shim |")][0]
+    cols = [c.strip() for c in line.strip("|").split("|")]
+    assert cols[2] == "3"                 # reps
+    assert cols[3] == "2200 ± 200"        # mean ± std of mean TTFT
+    assert cols[4] == "2000–2400"         # min-max
+    assert cols[9] == "1.00"              # descriptors per block
+    assert cols[10] == "2.27×"            # stock/shim
+    assert "- 10240 tokens: stock/shim 2.27×, stock/native 2.00×" in md
+    assert "- 1024 tokens: stock/shim 1.01×" in md  # 830 / 820
+    doc["equivalence_pass"] = False
+    assert "**FAIL**" in report.markdown(doc)
+
+
+def test_cli_writes_markdown_and_png(tmp_path, doc):
+    src = tmp_path / "res.json"
+    src.write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, os.path.join(EXP, "report.py"), str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "res.md").read_text()
+    assert "| 1024 × 128 | stock |" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out.stderr
+        pytest.skip("matplotlib missing: PNG part not tested (markdown part passed)")
+    png = tmp_path / "res.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10000
+
+
+def test_cli_merges_several_files(tmp_path, doc):
+    a = dict(doc, cells=doc["cells"][:2])
+    b = dict(doc, cells=doc["cells"][2:])
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    subprocess.run([sys.executable, os.path.join(EXP, "report.py"), str(pa), str(pb), "--no-plot",
+                    "--md", str(tmp_path / "x.md")], check=True, capture_output=True)
+    md = (tmp_path / "x.md").read_text()
+    assert md.count("| 10240 × 64 |") == 3 and md.count("| 1024 × 128 |") == 2
+    assert not (tmp_path / "a.png").exists()

@@ -1,0 +1,209 @@
+"""The shell scripts: syntax, lib.sh functions, and end-to-end runs against a fake vLLM.
+
+The end-to-end tests put ``fake_bin/nvidia-smi`` (two "NVIDIA H200") first on PATH and
+``fake_vllm`` (a tiny aiohttp server speaking vLLM's HTTP API and KV-metrics log format,
+see its docstring) as SITE, so pd_equivalence.sh / pd_bench.sh run their real code paths
+(ports, start/wait/stop, proxy, prompts, log + Prometheus parsing, JSON) on a CPU machine.
+They need aiohttp in the test interpreter; ports 18xxx-19xxx on 127.0.0.1.
+"""
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXP = os.path.join(ROOT, "experiments")
+SCRIPTS = sorted(glob.glob(os.path.join(EXP, "*.sh")))
+
+
+def test_there_are_scripts():
+    names = {os.path.basename(s) for s in SCRIPTS}
+    assert {"lib.sh", "pd_equivalence.sh", "pd_bench.sh", "run_gpu_cell.sh", "bundle.sh"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
+def test_bash_syntax(script):
+    r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if not s.endswith("lib.sh")], ids=os.path.basename)
+def test_scripts_are_strict(script):
+    assert "set -euo pipefail" in open(script).read()
+
+
+def _lib(snippet, **env):
+    e = dict(os.environ, WORK=env.pop("WORK", "/tmp/xlkv-test-lib"), PY=sys.executable)
+    e.update({k: str(v) for k, v in env.items()})
+    return subprocess.run(["bash", "-c", 'set -euo pipefail; source "%s/lib.sh"; %s' % (EXP, snippet)],
+                          capture_output=True, text=True, env=e, timeout=60)
+
+
+@pytest.mark.parametrize("a,b,ge", [("0.21.0", "0.16", True), ("0.15.1", "0.16", False), ("0.29.0", "0.29", True),
+                                    ("0.28.2", "0.29", False), ("0.21.1.dev12+g1234", "0.21.1", True),
+                                    ("0.9.2", "0.16", False), ("0.100.0", "0.29", True)])
+def test_version_ge(a, b, ge):
+    assert (_lib('version_ge "%s" "%s"' % (a, b)).returncode == 0) is ge
+
+
+@pytest.mark.parametrize("ngpu,tp_p,tp_d,expect", [
+    (2, 1, 1, "0|1|0|0.3"),
+    (1, 1, 1, "0|0|1|0.25"),
+    (8, 1, 1, "0|1|0|0.3"),
+    (2, 1, 2, "0|0,1|1|0.25"),
+    (4, 1, 2, "0|1,2|0|0.3"),
+    (4, 2, 2, "0,1|2,3|0|0.3"),
+])
+def test_assign_gpus(ngpu, tp_p, tp_d, expect):
+    r = _lib('NGPU=%d; assign_gpus; echo "$P_GPUS|$D_GPUS|$SHARED_GPU|$MEM_UTIL"' % ngpu, TP_P=tp_p, TP_D=tp_d)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expect
+
+
+def test_assign_gpus_too_few():
+    r = _lib("NGPU=1; assign_gpus", TP_P=1, TP_D=2)
+    assert r.returncode == 2 and "need at least 2 GPUs" in r.stderr
+
+
+def test_config_env_and_support():
+    r = _lib('config_env native-v1; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"; config_env shim; echo "${CFG_ENV[*]}"')
+    assert r.stdout.splitlines() == ['VLLM_USE_V2_MODEL_RUNNER=0|{"enable_cross_layers_blocks": "true"}',
+                                     "ENABLE_XLKV=true"]
+    assert _lib("VLLM_VERSION=0.21.0; config_supported native").returncode == 0
+    assert _lib("VLLM_VERSION=0.21.0; config_supported native-v1").returncode == 1
+    assert _lib("VLLM_VERSION=0.26.0; config_supported native-v1").returncode == 0
+    r = _lib("VLLM_VERSION=0.29.0; config_supported native")
+    assert r.returncode == 1 and "0.16-0.28" in r.stdout
+    assert _lib("VLLM_VERSION=0.21.0; config_supported bogus").returncode == 1
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def test_port_checks():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    busy = srv.getsockname()[1]
+    try:
+        assert _lib("port_in_use %d" % busy).returncode == 0
+        assert _lib("port_in_use %d" % _free_port()).returncode == 1
+        r = _lib("require_ports_free %d %d" % (_free_port(), busy))
+        assert r.returncode == 2 and ("port %d is in use" % busy) in r.stderr
+    finally:
+        srv.close()
+
+
+def _env(tmp_path, **extra):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_size": 1024, "torch_dtype": "bfloat16"}))
+    base = 18000 + (os.getpid() % 900) * 1  # avoid clashes between parallel sessions
+    e = dict(os.environ)
+    e.update(PATH=os.path.join(HERE, "fake_bin") + os.pathsep + e["PATH"], SITE=os.path.join(HERE, "fake_vllm"),
+             SHIM_PATH=str(tmp_path / "no-shim"), SHIM_CHECK="0", PY=sys.executable, MODEL=str(model),
+             WORK=str(tmp_path / "work"), RESULT_DIR=str(tmp_path / "results"), VLLM_LOG_STATS_INTERVAL="1",
+             PORT_PROXY=str(base), PORT_P=str(base + 1000), PORT_D=str(base + 1100),
+             SIDE_P=str(base + 1200), SIDE_D=str(base + 1300), READY_TIMEOUT="60", KV_WAIT="20")
+    e.pop("ENABLE_XLKV", None)
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def test_no_gpu_runs_cpu_checks_with_distinct_exit_code(tmp_path):
+    e = _env(tmp_path, CPU_CHECKS_CMD="echo cpu-checks-ran")
+    e["PATH"] = "/usr/bin:/bin"  # no nvidia-smi (fake or real)
+    if any(os.path.exists(os.path.join(d, "nvidia-smi")) for d in ("/usr/bin", "/bin")):
+        pytest.skip("this machine has nvidia-smi in /usr/bin")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert "no GPU on this machine: running CPU checks only" in r.stderr
+    assert "cpu-checks-ran" in r.stdout
+    assert r.returncode == 3
+    e["CPU_CHECKS_CMD"] = "exit 1"
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 1 and "CPU checks failed" in r.stderr
+
+
+def test_vllm_missing_is_a_setup_error(tmp_path):
+    e = _env(tmp_path, SITE=str(tmp_path / "empty-site"))
+    e["PYTHONPATH"] = ""
+    r = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, env=e)
+    if r.returncode == 0:
+        pytest.skip("a real vLLM is importable here")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert r.returncode == 2 and "vLLM is not importable" in r.stderr
+
+
+aiohttp_needed = pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import aiohttp"]).returncode != 0,
+                                    reason="aiohttp missing (the proxy and the fake vLLM need it)")
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_equivalence_end_to_end_with_fake_vllm(tmp_path):
+    e = _env(tmp_path, EQ_CONFIGS="stock shim", EQ_LENGTHS="5,100,4097", EQ_JSON=str(tmp_path / "eq.json"))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert s["equivalence_pass"] and s["descriptor_pass"] and s["pass"]
+    assert [x["label"] for x in s["runs"]] == ["local:stock", "pd:stock", "local:shim", "pd:shim"]
+    assert s["configs"]["stock"]["descriptors_per_block"] == pytest.approx(56)
+    assert s["configs"]["shim"]["descriptors_per_block"] == pytest.approx(1)
+    assert s["configs"]["shim"]["blocks_per_transfer"] == pytest.approx(100)  # PROBE_LEN 1600 / 16
+    assert s["vllm_version"] == "0.21.0" and s["gpu"] == "2xH200"
+    assert "IDENTICAL" in r.stdout and "=> PASS" in r.stdout
+    # servers are gone afterwards
+    assert _lib("port_in_use %s || port_in_use %s" % (e["PORT_P"], e["PORT_D"])).returncode == 1
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_equivalence_detects_differences_and_too_many_descriptors(tmp_path):
+    e = _env(tmp_path, EQ_CONFIGS="stock shim", EQ_LENGTHS="5,100", EQ_JSON=str(tmp_path / "eq.json"),
+             FAKE_PD_CORRUPT="1", FAKE_SHIM_DESC="2")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert not s["equivalence_pass"] and s["descriptor_pass"] is False
+    assert any(m.startswith("pd:stock") for m in s["mismatches"])
+    assert "DIFFERENT" in r.stdout and "FAIL" in r.stdout
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_bench_end_to_end_with_fake_vllm(tmp_path):
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="stock native", INPUT_LENS="64", NUM_PROMPTS="6", REPS="2", WARMUP_PROMPTS="1",
+             RESULT_JSON=str(res))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = json.loads(res.read_text())
+    assert d["vllm_version"] == "0.21.0" and d["gpu"] == "2xH200"
+    cells = {c["config"]: c for c in d["cells"]}
+    assert set(cells) == {"stock", "native"}
+    for c in cells.values():
+        assert c["input_len"] == 64 and c["num_prompts"] == 6 and c["reps"] == 2
+        assert len(c["mean_ttft_ms"]) == 2 and all(x > 0 for x in c["mean_ttft_ms"])
+        assert c["kv_xfer"]["num_transfers"] == [6, 6]  # one transfer per prompt, warm-up excluded
+        assert any("bench serve" in x for x in c["commands"])
+    assert cells["stock"]["descriptors_per_block"] == pytest.approx(56)
+    assert cells["native"]["descriptors_per_block"] == pytest.approx(1)
+    assert os.path.exists(str(res)[:-5] + ".md")
