@@ -1,0 +1,113 @@
+"""Pure layout arithmetic and decisions (xlkv_autopatch.layout): no vLLM, no torch."""
+
+import pytest
+
+from xlkv_autopatch import layout as L
+
+
+def decide(**kw):
+    base = dict(backend="FLASH_ATTN", kv_layout="HND", allowed_backends=L.BACKENDS_0_20)
+    base.update(kw)
+    return L.cross_layer_decision(**base)
+
+
+def test_cross_layer_decision_accepts_the_supported_case():
+    d = decide()
+    assert d.use and "FLASH_ATTN" in d.reason
+
+
+@pytest.mark.parametrize("kw, reason", [
+    (dict(use_mla=True), "MLA"),
+    (dict(has_mamba=True), "Mamba"),
+    (dict(num_kv_groups=2), "2 KV cache groups"),
+    (dict(backend="CPU_ATTN"), "CPU_ATTN is not in"),
+    (dict(backend="TRITON_ATTN", allowed_backends=L.BACKENDS_0_16), "TRITON_ATTN is not in"),
+    (dict(kv_layout="NHD"), "NHD"),
+    (dict(host_buffer=True), "host-buffer"),
+    (dict(explicit_opt_in="False"), "enable_cross_layers_blocks=False"),
+])
+def test_cross_layer_decision_refusals_name_the_reason(kw, reason):
+    d = decide(**kw)
+    assert not d.use and reason in d.reason
+
+
+def test_explicit_opt_in_true_is_fine():
+    assert decide(explicit_opt_in="True").use
+
+
+def test_backends_by_release():
+    assert "TRITON_ATTN" not in L.backends_for((0, 19, 1))
+    assert "TRITON_ATTN" in L.backends_for((0, 20, 0))
+
+
+def test_layout_decision():
+    assert L.layout_decision(stock="LBHNC", env_layout=None).use
+    assert not L.layout_decision(stock=None, env_layout=None).use
+    d = L.layout_decision(stock="LBHNC", env_layout="LBNHC")
+    assert not d.use and "VLLM_KV_CACHE_LAYOUT=LBNHC" in d.reason
+    assert L.BLOCK_OUTERMOST_LAYOUT in L.WHOLE_ROW_LAYOUTS
+
+
+def test_infer_kernel_block_size():
+    # Qwen3-0.6B: 28 layers, 8 KV heads, head 128, K+V; 100 blocks of 16 tokens
+    numel = 100 * 16 * 28 * 8 * 128 * 2
+    assert L.infer_kernel_block_size(numel, 100, 28, 8, 128) == 16
+    # kernel block 16 under logical 32: twice the blocks, same elements
+    assert L.infer_kernel_block_size(numel, 200, 28, 8, 128) == 8
+    with pytest.raises(ValueError):
+        L.infer_kernel_block_size(numel + 1, 100, 28, 8, 128)
+    with pytest.raises(ValueError):
+        L.infer_kernel_block_size(numel, 0, 28, 8, 128)
+
+
+def test_registration_view_shape_keeps_elements_blocks_and_block_size_position():
+    numel = 40 * 2 * 4 * 2 * 16 * 64
+    for pos in (-3, -2):
+        shape = L.registration_view_shape(numel, 40, 16, pos)
+        prod = 1
+        for d in shape:
+            prod *= d
+        assert prod == numel and shape[0] == 40 and shape[pos] == 16 and len(shape) == 4
+    with pytest.raises(ValueError):
+        L.registration_view_shape(numel, 40, 16, -1)
+    with pytest.raises(ValueError):
+        L.registration_view_shape(numel, 41, 16, -3)
+
+
+def test_descriptors_per_block():
+    assert L.descriptors_per_block(num_layers=28, split_k_and_v=True, blocks_first_doubling=False,
+                                   cross_layer=False) == 56
+    assert L.descriptors_per_block(num_layers=28, split_k_and_v=False, blocks_first_doubling=False,
+                                   cross_layer=False) == 28
+    assert L.descriptors_per_block(num_layers=28, split_k_and_v=True, blocks_first_doubling=False,
+                                   cross_layer=True) == 1
+    assert L.descriptors_per_block(num_layers=28, split_k_and_v=False, blocks_first_doubling=True,
+                                   cross_layer=True) == 2
+
+
+def test_reconcile_block_counts():
+    assert L.reconcile_block_counts({"a": 64, "b": 64}, 64) == (64, None)
+    real, note = L.reconcile_block_counts({"a": 96, "b": 96}, 64)
+    assert real == 96 and "budget is 64" in note
+    with pytest.raises(ValueError, match="disagree"):
+        L.reconcile_block_counts({"a": 64, "b": 65}, 64)
+    with pytest.raises(ValueError, match="hold 32 blocks but the worker indexes 64"):
+        L.reconcile_block_counts({"a": 32}, 64)
+    with pytest.raises(ValueError):
+        L.reconcile_block_counts({}, 64)
+
+
+def test_tag_hash_is_deterministic_and_distinct():
+    h = "ab" * 32
+    assert L.tag_hash(h) == L.tag_hash(h) != h
+    assert L.tag_hash(h) != L.tag_hash("cd" * 32)
+    assert len(L.tag_hash(h)) == 64
+
+
+def test_heterogeneous_tp():
+    assert L.heterogeneous_tp_supported(cross_layer=True, blocks_first=False, tp_ratio=2).use
+    assert L.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=1).use
+    assert not L.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=2).use
+    assert not L.heterogeneous_tp_supported(cross_layer=True, blocks_first=False, tp_ratio=-2,
+                                            whole_row_layout=True).use
+    assert L.heterogeneous_tp_supported(cross_layer=False, blocks_first=True, tp_ratio=2).use

@@ -1,0 +1,216 @@
+"""The safety guards of the patch wrappers, on small stand-in objects (narrow unit tests of the
+glue's decisions; the real checks against vLLM are in tests/real)."""
+
+import types
+
+import pytest
+
+from xlkv_autopatch import layout
+from xlkv_autopatch.errors import XlkvError, XlkvMismatchError
+from xlkv_autopatch.patches import (block_count, compat_hash, cross_layer_preference, handshake, kv_cache_layout,
+                                    model_runner, refuse_kvcached)
+
+
+def ok(*args, **kwargs):
+    return "original ran"
+
+
+def worker(**kw):
+    base = dict(block_size=16, world_size=1, backend_name="FLASH_ATTN", _xlkv_cross_layer=True,
+                block_len_per_layer=[32768], num_blocks=64)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def meta(**kw):
+    base = dict(block_size=16, engine_id="prefill-0", kv_caches_base_addr=[1])
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.fixture
+def release(monkeypatch):
+    def set_(v):
+        monkeypatch.setenv("XLKV_VLLM_VERSION", v)
+    set_("0.21.0")
+    return set_
+
+
+def test_block_size_mismatch_refused(release):
+    with pytest.raises(XlkvMismatchError, match="block size 32, this engine 16"):
+        handshake.validate_wrapper(ok, worker(), (meta(block_size=32), 1), {})
+    assert handshake.validate_wrapper(ok, worker(), (meta(), 1), {}) == "original ran"
+
+
+def test_stock_worker_is_not_checked(release):
+    w = worker(_xlkv_cross_layer=False)
+    assert handshake.validate_wrapper(ok, w, (meta(block_size=32), 1), {}) == "original ran"
+
+
+def test_heterogeneous_tp(release):
+    # FlashAttention cross-layer block: heads outermost, sliceable
+    assert handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 1), {}) == "original ran"
+    with pytest.raises(XlkvMismatchError, match="blocks-first"):
+        handshake.validate_wrapper(ok, worker(world_size=2, backend_name="FLASHINFER"), (meta(), 1), {})
+    release("0.33.0")
+    w = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BLNHC")
+    with pytest.raises(XlkvMismatchError, match="block-outermost"):
+        handshake.validate_wrapper(ok, w, (meta(), 1), {})
+
+
+def test_region_layout_compared_without_hash_on_0_12(release):
+    release("0.12.0")
+    with pytest.raises(XlkvMismatchError, match="ENABLE_XLKV unset there"):
+        handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 1), {})
+    release("0.13.0")  # has a hash: left to the hash check
+    assert handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 1), {}) == \
+        "original ran"
+
+
+def test_hash_mismatch_is_explained(release):
+    stock = "1" * 64
+    published = compat_hash.remember_hashes(stock, cross_layer=True)
+    assert published == layout.tag_hash(stock)
+
+    def failing(*a, **k):
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s. Prefill and decode ..."
+                           % (published, stock))
+
+    w = types.SimpleNamespace(compat_hash=published, kv_transfer_config=types.SimpleNamespace(kv_role="kv_consumer"))
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.handshake_wrapper(failing, w, (), {})
+    msg = str(e.value)
+    assert "kv_consumer engine runs xlkv's cross-layer" in msg and "ENABLE_XLKV unset there" in msg
+    assert "set ENABLE_XLKV=true on BOTH" in msg
+
+
+def test_unknown_hash_mismatch_keeps_vllms_error(release):
+    def failing(*a, **k):
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: aa, Remote: %s." % ("f" * 64))
+
+    with pytest.raises(RuntimeError, match="hash mismatch") as e:
+        handshake.handshake_wrapper(failing, types.SimpleNamespace(compat_hash="aa"), (), {})
+    assert not isinstance(e.value, XlkvMismatchError)
+
+
+def test_hash_wrapper_tags_only_cross_layer(release):
+    calls = []
+
+    def fake_hash(vllm_config, attn_backend_name, cross_layers_blocks):
+        calls.append(cross_layers_blocks)
+        return ("x" if cross_layers_blocks else "s") * 64
+
+    assert compat_hash.hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", False), {}) == "s" * 64
+    tagged = compat_hash.hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", True), {})
+    assert tagged == layout.tag_hash("x" * 64)
+    assert compat_hash.KNOWN["x" * 64] == compat_hash.NATIVE
+    assert compat_hash.KNOWN["s" * 64] == compat_hash.PER_LAYER
+
+
+def test_hash_wrapper_0_29_uses_resolved_layout(release):
+    release("0.29.0")
+
+    def cfg(name):
+        layout_obj = types.SimpleNamespace(name=name)
+        return types.SimpleNamespace(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout_obj))
+
+    fake = lambda vllm_config, attn_backend_name, transfer_mode="pull": "h" * 64  # noqa: E731
+    assert compat_hash.hash_wrapper(fake, None, (cfg("LBHNC"), "FLASH_ATTN"), {}) == "h" * 64
+    assert compat_hash.hash_wrapper(fake, None, (cfg("BLNHC"), "FLASH_ATTN"), {}) == layout.tag_hash("h" * 64)
+
+
+def _fa(blocks):
+    class T:
+        def __init__(self, shape):
+            self.shape = shape
+
+        def __getitem__(self, i):
+            return T(self.shape[1:])
+
+    return T((2, blocks, 16, 2, 64))
+
+
+def test_block_counts_reconciled_before_registration(release):
+    seen = {}
+
+    def original(kv_caches):
+        seen["num_blocks"] = w.num_blocks
+        return "registered"
+
+    w = worker(num_blocks=64, _logical_num_blocks=64, _physical_blocks_per_logical_kv_block=1, num_regions=8)
+    assert block_count.register_wrapper(original, w, ({"l0": _fa(96), "l1": _fa(96)},), {}) == "registered"
+    assert seen["num_blocks"] == 96 and w._logical_num_blocks == 96
+
+    w = worker(num_blocks=64)
+    with pytest.raises(XlkvMismatchError, match="disagree"):
+        block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(65)},), {})
+    with pytest.raises(XlkvMismatchError, match="hold 32 blocks"):
+        block_count.register_wrapper(original, w, ({"l0": _fa(32)},), {})
+    release("0.33.0")
+    with pytest.raises(XlkvMismatchError, match="over-allocated"):
+        block_count.register_wrapper(original, worker(num_blocks=64), ({"l0": _fa(96)},), {})
+
+
+def test_model_runner_forces_v1_only_when_it_should(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    nixl = types.SimpleNamespace(kv_connector="NixlConnector", kv_connector_extra_config={})
+    cfg = types.SimpleNamespace(kv_transfer_config=nixl, model_config=types.SimpleNamespace(use_mla=False),
+                                speculative_config=None, parallel_config=types.SimpleNamespace())
+    v2 = lambda: True  # noqa: E731
+    assert model_runner.runner_wrapper(v2, cfg, (), {}) is False
+    assert model_runner.runner_wrapper(lambda: False, cfg, (), {}) is False
+    other = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_connector="LMCacheConnectorV1"),
+                                  model_config=cfg.model_config, speculative_config=None)
+    assert model_runner.runner_wrapper(v2, other, (), {}) is True
+    multi = types.SimpleNamespace(kv_connector="MultiConnector",
+                                  kv_connector_extra_config={"connectors": [{"kv_connector": "NixlConnector"}]})
+    assert model_runner.runner_wrapper(v2, types.SimpleNamespace(kv_transfer_config=multi, model_config=cfg.model_config,
+                                                                 speculative_config=None), (), {}) is False
+    mla = types.SimpleNamespace(kv_transfer_config=nixl, model_config=types.SimpleNamespace(use_mla=True))
+    assert model_runner.runner_wrapper(v2, mla, (), {}) is True
+    spec = types.SimpleNamespace(kv_transfer_config=nixl, model_config=cfg.model_config, speculative_config=object())
+    assert model_runner.runner_wrapper(v2, spec, (), {}) is True
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert model_runner.runner_wrapper(v2, cfg, (), {}) is True
+    monkeypatch.setenv("XLKV_STRICT", "1")
+    with pytest.raises(XlkvError, match="XLKV_STRICT=1"):
+        model_runner.runner_wrapper(v2, cfg, (), {})
+
+
+def test_layout_wrapper(monkeypatch):
+    monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
+    cls = type("NixlPullConnector", (), {})
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (None,), {}) == "BLNHC"
+    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (None,), {}) is None  # MLA
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LBNHC")
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (None,), {}) == "LBHNC"
+
+
+def test_native_preference_sees_the_opt_in_without_editing_the_config(release):
+    extra = {}
+    conn = types.SimpleNamespace(
+        kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra, kv_role="kv_both"),
+        _vllm_config=types.SimpleNamespace(model_config=types.SimpleNamespace(use_mla=False)),
+        connector_worker=None)
+
+    def upstream_property(self):  # what vLLM's guard ends with
+        return str(self.kv_transfer_config.kv_connector_extra_config.get(
+            "enable_cross_layers_blocks", "False")).lower() == "true"
+
+    assert upstream_property(conn) is False
+    assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is True
+    assert extra == {}  # the user's config is untouched
+    extra["enable_cross_layers_blocks"] = "false"  # explicit opt-out wins
+    assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is False
+    extra.clear()
+    conn._vllm_config.model_config.use_mla = True
+    assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is False
+
+
+def test_kvcached_refused(monkeypatch):
+    monkeypatch.delenv("ENABLE_KVCACHED", raising=False)
+    monkeypatch.delenv("KVCACHED_AUTOPATCH", raising=False)
+    refuse_kvcached()
+    monkeypatch.setenv("ENABLE_KVCACHED", "true")
+    with pytest.raises(XlkvError, match="ENABLE_KVCACHED and ENABLE_XLKV are both set"):
+        refuse_kvcached()
