@@ -9,6 +9,9 @@ imports the next one (Debian's apport hook, a tracer's, ...) instead of hiding i
 import os
 import sys
 
+#: lets ``python -m xlkv_autopatch status`` see this activation path
+XLKV_AUTOPATCH_SITECUSTOMIZE = True
+
 
 def _activate():
     if os.environ.get("ENABLE_XLKV", "").strip().lower() not in ("1", "true", "yes", "on"):

@@ -43,6 +43,14 @@ def plugin_entry_points():
     return ["%s = %s" % (ep.name, ep.value) for ep in eps if ep.name == PLUGIN_NAME]
 
 
+def sitecustomize_path():
+    """The checkout's sitecustomize.py, when it is the one this interpreter ran."""
+    mod = sys.modules.get("sitecustomize")
+    if mod is not None and getattr(mod, "XLKV_AUTOPATCH_SITECUSTOMIZE", False):
+        return getattr(mod, "__file__", None)
+    return None
+
+
 def collect(resolve=True):
     from . import registry
     from .errors import XlkvError
@@ -61,6 +69,7 @@ def collect(resolve=True):
         "activation": {
             "pth_files": pth_files(),
             "plugin_entry_points": plugin_entry_points(),
+            "sitecustomize": sitecustomize_path(),
             "vllm_plugins_allowlist": os.environ.get("VLLM_PLUGINS"),
             "installed_in_this_process": reg.state.installed,
             "sources": list(reg.state.sources),
@@ -75,8 +84,10 @@ def collect(resolve=True):
             "VLLM_PLUGINS=%r does not list %s: vLLM will not load the plugin (the .pth hook still works)"
             % (allow, PLUGIN_NAME)
         )
-    if not out["activation"]["pth_files"] and not out["activation"]["plugin_entry_points"]:
-        out["problems"].append("neither the .pth hook nor the vLLM plugin entry point is installed")
+    act = out["activation"]
+    if not (act["pth_files"] or act["plugin_entry_points"] or act["sitecustomize"]):
+        out["problems"].append("no activation path: neither the .pth hook nor the vLLM plugin entry point is "
+                               "installed, and the checkout's sitecustomize.py is not on PYTHONPATH")
     if version is None:
         out["problems"].append("vLLM is not installed in this environment")
     elif not out["supported"]:
@@ -130,6 +141,8 @@ def render(info):
         "start-up hook (.pth): %s" % (", ".join(info["activation"]["pth_files"]) or "not installed"),
         "vLLM plugin entry point: %s" % (", ".join(info["activation"]["plugin_entry_points"]) or "not installed"),
     ]
+    if info["activation"].get("sitecustomize"):
+        lines.append("checkout sitecustomize.py: %s" % info["activation"]["sitecustomize"])
     if info["activation"]["installed_in_this_process"]:
         lines.append("active in this process via: %s" % "+".join(info["activation"]["sources"]))
     for g in info["patch_sets"]:
