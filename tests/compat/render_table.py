@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Render experiments/results/compat-matrix.json as the README's support table.
+
+    python3 tests/compat/render_table.py [--check]
+
+Replaces the text between ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` in
+README.md.  ``--check`` exits 1 when the README is not what the matrix says (a test runs it).
+"""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MATRIX = os.path.join(ROOT, "experiments", "results", "compat-matrix.json")
+README = os.path.join(ROOT, "README.md")
+START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
+
+
+def table(matrix):
+    lines = ["| vLLM | mechanism | status | descriptors per block, stock → xlkv | transfer verified | notes |",
+             "|---|---|---|---|---|---|"]
+    for r in matrix["rows"]:
+        s, x = r.get("descriptors_per_block_stock"), r.get("descriptors_per_block_xlkv")
+        desc = "%s → %s" % (s, x) if s is not None or x is not None else "—"
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            r["vllm"], r["mechanism"], r["status"], desc, "yes" if r.get("transfer_verified") else "no",
+            (r.get("notes") or "").replace("|", "/")))
+    lines.append("")
+    lines.append("Descriptors are for the harness model (4 layers: stock is one per layer and per K/V up to "
+                 "0.25, one per layer from 0.26); a Qwen3-0.6B block costs 56 (≤0.25) or 28 descriptors stock. "
+                 "Produced by `%s`." % matrix.get("command", "tests/compat/run_matrix.py"))
+    return "\n".join(lines)
+
+
+def render(readme_text, matrix):
+    head, rest = readme_text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return head + START + "\n" + table(matrix) + "\n" + END + tail
+
+
+def main():
+    matrix = json.load(open(MATRIX))
+    text = open(README).read()
+    new = render(text, matrix)
+    if "--check" in sys.argv:
+        if new != text:
+            print("README.md support table is out of date: run python3 tests/compat/render_table.py")
+            return 1
+        return 0
+    with open(README, "w") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

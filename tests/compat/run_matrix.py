@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Compatibility matrix: every vLLM release, really installed, really transferring.
+
+    python3 tests/compat/run_matrix.py [--releases "0.12.0 0.13.0 ..."] \
+        [--out experiments/results/compat-matrix.json] [--logs /tmp/xlkv-matrix]
+
+For each release: tests/compat/mkenv.sh installs it (one environment per torch pin, the
+vLLM package swapped inside it), the shim is installed into that environment (editable:
+.pth + entry point), then
+
+1. ``python -m xlkv_autopatch status --json`` (every patch target resolves),
+2. the P->D harness with the flag off (stock) and on (ENABLE_XLKV=true on both),
+3. the harness with ENABLE_XLKV on the decode side only (must be refused at handshake),
+
+and one row is written (rows of other releases already in --out are kept):
+``{vllm, mechanism, status: pass|fail|unsupported, descriptors_per_block_stock,
+descriptors_per_block_xlkv, transfer_verified, notes, details}``.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
+ALL = ("0.11.2 0.12.0 0.13.0 0.14.1 0.15.1 0.16.0 0.17.1 0.18.1 0.19.1 0.20.2 0.21.0 0.22.1 0.23.0 0.24.0 "
+       "0.25.1 0.26.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0")
+MECHANISMS = {
+    "backport": "backport: prefer_cross_layer_blocks + register_cross_layers_kv_cache redirect",
+    "native": "native opt-in (enable_cross_layers_blocks) enabled from the flag",
+    "runner": "native opt-in + V1 model runner forced",
+    "layout": "block-outermost KV cache layout (BLNHC)",
+}
+
+
+def mechanism(release):
+    v = tuple(int(x) for x in release.split(".")[:2])
+    if v < (0, 12):
+        return "none (unsupported)"
+    if v < (0, 16):
+        return MECHANISMS["backport"]
+    if v < (0, 22):
+        return MECHANISMS["native"]
+    if v < (0, 29):
+        return MECHANISMS["runner"]
+    return MECHANISMS["layout"]
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("ENABLE_XLKV", "PYTHONPATH", "XLKV_VLLM_VERSION",
+                                                            "VLLM_KV_CACHE_LAYOUT", "XLKV_STRICT")}
+    env.update(extra or {})
+    return env
+
+
+def sh(cmd, log, env=None, timeout=3600):
+    with open(log, "a") as f:
+        f.write("\n$ %s\n" % " ".join(cmd))
+        f.flush()
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, text=True, env=clean_env(env), cwd=ROOT,
+                           timeout=timeout)
+    return r
+
+
+def harness(py, logs, name, args, env=None):
+    out = os.path.join(logs, name + ".json")
+    if os.path.exists(out):
+        os.remove(out)
+    log = os.path.join(logs, name + ".log")
+    t0 = time.time()
+    try:
+        sh([py, HARNESS, "--out", out, "--timeout", "60"] + args, log, env=env, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"errors": ["harness timed out"], "transfer_verified": False, "_s": round(time.time() - t0)}
+    if not os.path.exists(out):
+        return {"errors": ["no result; see %s" % log], "transfer_verified": False}
+    data = json.load(open(out))
+    data["_s"] = round(time.time() - t0)
+    data["_log_text"] = open(log).read()[-20000:]
+    return data
+
+
+def run_release(release, logs):
+    logs = os.path.join(logs, release)
+    os.makedirs(logs, exist_ok=True)
+    row = {"vllm": release, "mechanism": mechanism(release), "status": "fail",
+           "descriptors_per_block_stock": None, "descriptors_per_block_xlkv": None,
+           "transfer_verified": False, "notes": "", "details": {}}
+    r = sh(["bash", os.path.join(ROOT, "tests", "compat", "mkenv.sh"), release], os.path.join(logs, "mkenv.log"))
+    if r.returncode != 0:
+        row["notes"] = "could not install vLLM %s (see mkenv.log)" % release
+        return row
+    py = r.stdout.strip().splitlines()[-1]
+    sh([py, "-m", "pip", "install", "-q", "wrapt>=1.14", "packaging>=21"], os.path.join(logs, "shim.log"))
+    r = sh([py, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT], os.path.join(logs, "shim.log"))
+    if r.returncode != 0:
+        row["notes"] = "could not install the shim"
+        return row
+    st = sh([py, "-m", "xlkv_autopatch", "status", "--json"], os.path.join(logs, "status.log"))
+    try:
+        status = json.loads(st.stdout)
+    except ValueError:
+        status = {"ok": False, "problems": ["status printed no JSON"]}
+    row["details"]["status_ok"] = status.get("ok")
+    row["details"]["patch_sets"] = [g["name"] for g in status.get("patch_sets", []) if g.get("applies")]
+    if not status.get("supported"):
+        probe = sh([py, "-c", "import vllm.distributed.kv_transfer.kv_connector.factory"],
+                   os.path.join(logs, "refusal.log"), env={"ENABLE_XLKV": "1"})
+        text = open(os.path.join(logs, "refusal.log")).read()
+        refused = probe.returncode != 0 and "is not supported" in text
+        row["status"] = "unsupported"
+        row["notes"] = ("ENABLE_XLKV refuses this release at vLLM import (%s)" % (
+            "checked" if refused else "NOT refused: check refusal.log"))
+        row["details"]["refused"] = refused
+        return row
+    stock = harness(py, logs, "stock", [])
+    xlkv = harness(py, logs, "xlkv", [], env={"ENABLE_XLKV": "true"})
+    mismatch = harness(py, logs, "decode-only", ["--case", "noncontig", "--d-env", "ENABLE_XLKV=1"])
+    refused = (not mismatch.get("transfer_verified")) and "NIXL handshake refused" in (
+        json.dumps(mismatch.get("errors")) + mismatch.get("_log_text", ""))
+    row["descriptors_per_block_stock"] = stock.get("descs_per_block")
+    row["descriptors_per_block_xlkv"] = xlkv.get("descs_per_block")
+    row["transfer_verified"] = bool(stock.get("transfer_verified") and xlkv.get("transfer_verified"))
+    for name, d in (("stock", stock), ("xlkv", xlkv), ("decode_only", mismatch)):
+        row["details"][name] = {k: d.get(k) for k in ("cross_layer", "num_regions", "descs_per_block", "block_len",
+                                                     "kv_layout", "backend", "transfer_verified", "_s")}
+        row["details"][name]["errors"] = [str(e)[:400] for e in d.get("errors") or []]
+        row["details"][name]["cases"] = {c: v.get("ok") for c, v in (d.get("cases") or {}).items()}
+    row["details"]["decode_only_refused"] = refused
+    s, x = row["descriptors_per_block_stock"], row["descriptors_per_block_xlkv"]
+    problems = []
+    if not status.get("ok"):
+        problems.append("status: %s" % "; ".join(status.get("problems", []))[:300])
+    if not stock.get("transfer_verified"):
+        problems.append("stock transfer not verified: %s" % (stock.get("errors") or ["?"])[0][:200])
+    if not xlkv.get("transfer_verified"):
+        problems.append("xlkv transfer not verified: %s" % (xlkv.get("errors") or ["?"])[0][:200])
+    if not (isinstance(s, int) and isinstance(x, int) and x <= 2 and x < s):
+        problems.append("descriptors per block stock %s, xlkv %s" % (s, x))
+    if not refused:
+        problems.append("decode-only ENABLE_XLKV was not refused at handshake")
+    row["status"] = "fail" if problems else "pass"
+    row["notes"] = "; ".join(problems) if problems else (
+        "cross-layer %s, %s region(s), %s B per block; decode-only flag refused at handshake"
+        % (xlkv.get("cross_layer"), xlkv.get("num_regions"), xlkv.get("block_len")))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--releases", default=ALL)
+    ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "compat-matrix.json"))
+    ap.add_argument("--logs", default="/tmp/xlkv-matrix")
+    args = ap.parse_args()
+    # run a snapshot of the harness, so edits during a long matrix run cannot break it
+    global HARNESS
+    os.makedirs(args.logs, exist_ok=True)
+    snapshot = os.path.join(args.logs, "pd_harness.py")
+    with open(HARNESS) as src, open(snapshot, "w") as dst:
+        dst.write(src.read())
+    HARNESS = snapshot
+    rows = {}
+    if os.path.exists(args.out):
+        for r in json.load(open(args.out)).get("rows", []):
+            rows[r["vllm"]] = r
+    for release in args.releases.split():
+        t0 = time.time()
+        try:
+            row = run_release(release, args.logs)
+        except Exception as e:  # record and go on with the next release
+            row = {"vllm": release, "mechanism": mechanism(release), "status": "fail",
+                   "descriptors_per_block_stock": None, "descriptors_per_block_xlkv": None,
+                   "transfer_verified": False, "notes": "runner error: %s: %s" % (type(e).__name__, e), "details": {}}
+        row["details"]["seconds"] = round(time.time() - t0)
+        row["details"]["date"] = datetime.date.today().isoformat()
+        rows[release] = row
+        print("%-8s %-11s stock %-4s xlkv %-4s verified %-5s %s" % (
+            release, row["status"], row["descriptors_per_block_stock"], row["descriptors_per_block_xlkv"],
+            row["transfer_verified"], row["notes"][:160]), flush=True)
+        ordered = sorted(rows.values(), key=lambda r: tuple(int(x) for x in r["vllm"].split(".")))
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"command": "python3 tests/compat/run_matrix.py --releases '%s'" % args.releases,
+                       "harness": "tests/compat/pd_harness.py (fakecuda platform, FLASH_ATTN, HND, 4 layers, "
+                                  "2 KV heads, head 64, bf16, block 16; real NIXL UCX on host memory)",
+                       "rows": ordered}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
