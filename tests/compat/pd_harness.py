@@ -182,15 +182,24 @@ def _setup(role, args, tmpdir):
         extra["enable_cross_layers_blocks"] = "True"
     mc = _kw(ModelConfig, model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
              dtype="bfloat16", max_model_len=512, seed=0)
+    # --p-block-size / --d-block-size: a P/D block-size mismatch; --kv-buffer-device cpu:
+    # NIXL's host-buffer mode (the GPU path copies through host buffers)
+    block_size = getattr(args, f"{role}_block_size", None) or BLOCK_SIZE
+    state["block_size"] = block_size
     kvt = _kw(KVTransferConfig, kv_connector="NixlConnector", kv_role="kv_both",
-              kv_buffer_device="cuda", engine_id=f"{role}-engine",
+              kv_buffer_device=getattr(args, "kv_buffer_device", None) or "cuda",
+              engine_id=f"{role}-engine",
               kv_connector_extra_config=extra)
     sc = _kw(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
              is_encoder_decoder=False)
-    cc = _kw(CacheConfig, block_size=BLOCK_SIZE)
+    cc = _kw(CacheConfig, block_size=block_size)
     cfg = _kw(VllmConfig, model_config=mc, cache_config=cc, scheduler_config=sc,
               kv_transfer_config=kvt, device_config=DeviceConfig("cpu"))
     state["cfg"] = cfg
+    try:  # 0.22+: which model runner this engine would use (the shim forces V1 on 0.22-0.28)
+        state["use_v2_model_runner"] = getattr(cfg, "use_v2_model_runner", None)
+    except Exception as e:
+        state["use_v2_model_runner"] = f"n/a ({e!r})"
     ctx = set_current_vllm_config(cfg)
     ctx.__enter__()
     state["_ctx"] = ctx  # keep a reference: GC would exit the context
@@ -204,7 +213,7 @@ def _setup(role, args, tmpdir):
     state["backend"] = backend.get_name()
 
     names = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
-    spec = _kw(FullAttentionSpec, block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+    spec = _kw(FullAttentionSpec, block_size=block_size, num_kv_heads=NUM_KV_HEADS,
                head_size=HEAD_DIM, dtype=torch.bfloat16)
     # mirrors GPUModelRunner.get_kv_cache_spec (0.24-0.28): the runner stamps each
     # AttentionSpec with its backend's indexes_kv_by_block_stride() under the current config
@@ -510,7 +519,8 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
         ws = _worker_state(st)
         info = {k: st[k] for k in ("vllm", "platform", "backend", "kv_layout", "cross_layer",
                                     "prefer_cross_layer_blocks", "connector_class", "layout_block_outermost",
-                                    "layer_view_shape", "num_blocks") if k in st}
+                                    "layer_view_shape", "num_blocks", "block_size",
+                                    "use_v2_model_runner") if k in st}
         info["cross_layer_shape"] = st.get("cross_layer_shape")
         info["worker"] = ws
         info["setup_s"] = round(time.time() - t0, 2)
@@ -678,6 +688,10 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                     help="set on both sides")
     ap.add_argument("--timeout", type=float, default=60.0, help="per step, seconds")
+    ap.add_argument("--p-block-size", type=int, default=None, help="KV block size of P (default 16)")
+    ap.add_argument("--d-block-size", type=int, default=None, help="KV block size of D (default 16)")
+    ap.add_argument("--kv-buffer-device", default=None,
+                    help="kv_buffer_device on both sides (default cuda; cpu = NIXL host-buffer mode)")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     args = ap.parse_args()

@@ -62,3 +62,34 @@ def test_flag_on_prefill_only_never_transfers(vllm_env, tmp_path):
     assert r["transfer_verified"] is False
     text = json.dumps(r["errors"]) + r["_log"]
     assert ("compatibility hash mismatch" in text) or ("kv_cache_layout" in text), text[-3000:]
+
+
+def _release(vllm_env):
+    return tuple(int(x) for x in vllm_env[0].split(".")[:2])
+
+
+def test_block_size_mismatch_is_refused(vllm_env, tmp_path):
+    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", "32",
+                "--d-block-size", "16", env={"ENABLE_XLKV": "true"})
+    assert r["transfer_verified"] is False
+    text = json.dumps(r["errors"]) + r["_log"]
+    assert "NIXL handshake refused" in text and "block size" in text, text[-3000:]
+
+
+def test_host_buffer_mode_keeps_the_stock_layout_with_a_warning(vllm_env, tmp_path):
+    r = harness(vllm_env[1], tmp_path, "host_buffer", "--case", "noncontig", "--kv-buffer-device", "cpu",
+                env={"ENABLE_XLKV": "true"})
+    assert "the stock per-layer KV layout is kept: host-buffer mode" in r["_log"], r["_log"][-3000:]
+    assert r["cross_layer"] is False
+    strict = harness(vllm_env[1], tmp_path, "host_buffer_strict", "--case", "noncontig", "--kv-buffer-device",
+                     "cpu", env={"ENABLE_XLKV": "true", "XLKV_STRICT": "1"})
+    assert strict["transfer_verified"] is False
+    assert "XLKV_STRICT=1 makes this an error" in json.dumps(strict["errors"]) + strict["_log"]
+
+
+def test_v1_model_runner_forced_where_v2_is_the_default(vllm_env, stock, xlkv):
+    if not ((0, 23) <= _release(vllm_env) < (0, 29)):
+        pytest.skip("Model Runner V2 is not the default for this model on vLLM %s" % vllm_env[0])
+    assert stock["p"]["use_v2_model_runner"] is True
+    assert xlkv["p"]["use_v2_model_runner"] is False
+    assert "using the V1 model runner" in xlkv["_log"]

@@ -38,32 +38,32 @@ def release(monkeypatch):
 
 def test_block_size_mismatch_refused(release):
     with pytest.raises(XlkvMismatchError, match="block size 32, this engine 16"):
-        handshake.validate_wrapper(ok, worker(), (meta(block_size=32), 1), {})
-    assert handshake.validate_wrapper(ok, worker(), (meta(), 1), {}) == "original ran"
+        handshake.validate_wrapper(ok, worker(), (meta(block_size=32), 0, 1), {})
+    assert handshake.validate_wrapper(ok, worker(), (meta(), 0, 1), {}) == "original ran"
 
 
 def test_stock_worker_is_not_checked(release):
     w = worker(_xlkv_cross_layer=False)
-    assert handshake.validate_wrapper(ok, w, (meta(block_size=32), 1), {}) == "original ran"
+    assert handshake.validate_wrapper(ok, w, (meta(block_size=32), 0, 1), {}) == "original ran"
 
 
 def test_heterogeneous_tp(release):
     # FlashAttention cross-layer block: heads outermost, sliceable
-    assert handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 1), {}) == "original ran"
+    assert handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 0, 1), {}) == "original ran"
     with pytest.raises(XlkvMismatchError, match="blocks-first"):
-        handshake.validate_wrapper(ok, worker(world_size=2, backend_name="FLASHINFER"), (meta(), 1), {})
+        handshake.validate_wrapper(ok, worker(world_size=2, backend_name="FLASHINFER"), (meta(), 0, 1), {})
     release("0.33.0")
     w = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BLNHC")
     with pytest.raises(XlkvMismatchError, match="block-outermost"):
-        handshake.validate_wrapper(ok, w, (meta(), 1), {})
+        handshake.validate_wrapper(ok, w, (meta(), 0, 1), {})
 
 
 def test_region_layout_compared_without_hash_on_0_12(release):
     release("0.12.0")
     with pytest.raises(XlkvMismatchError, match="ENABLE_XLKV unset there"):
-        handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 1), {})
+        handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 0, 1), {})
     release("0.13.0")  # has a hash: left to the hash check
-    assert handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 1), {}) == \
+    assert handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 0, 1), {}) == \
         "original ran"
 
 
@@ -180,10 +180,15 @@ def test_model_runner_forces_v1_only_when_it_should(monkeypatch):
 def test_layout_wrapper(monkeypatch):
     monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
     cls = type("NixlPullConnector", (), {})
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (None,), {}) == "BLNHC"
-    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (None,), {}) is None  # MLA
+    cfg = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_buffer_device="cuda"),
+                                model_config=types.SimpleNamespace(is_hybrid=False))
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "BLNHC"
+    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (cfg,), {}) is None  # MLA
+    hybrid = types.SimpleNamespace(kv_transfer_config=cfg.kv_transfer_config,
+                                   model_config=types.SimpleNamespace(is_hybrid=True))
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (hybrid,), {}) == "LBHNC"
     monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LBNHC")
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (None,), {}) == "LBHNC"
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "LBHNC"
 
 
 def test_native_preference_sees_the_opt_in_without_editing_the_config(release):

@@ -9,7 +9,7 @@ model_runner               VllmConfig.use_v2_model_runner                       
 kv_cache_layout            NixlConnector.get_required_kvcache_layout            0.29-0.33
 compat_hash                compute_nixl_compatibility_hash (worker module)      0.16-0.33
 handshake                  NixlConnectorWorker._nixl_handshake,                 0.12-0.33
-                           NixlConnectorWorker._validate_remote_agent_handshake
+                           NixlConnectorWorker.add_remote_agent
 block_count                NixlConnectorWorker.register_kv_caches               0.12-0.33
 =========================  ==================================================  ==========
 
@@ -42,7 +42,7 @@ def refuse_kvcached():
 
 def _worker_specs(module, worker_cls, register=True, handshake_hash=True):
     specs = [
-        PatchSpec("handshake.validate", module, worker_cls, "_validate_remote_agent_handshake", "method",
+        PatchSpec("handshake.validate", module, worker_cls, "add_remote_agent", "method",
                   handshake.validate_wrapper),
     ]
     if handshake_hash:

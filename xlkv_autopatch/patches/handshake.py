@@ -9,12 +9,13 @@ Why
 How
     ``_nixl_handshake`` is wrapped: vLLM's "NIXL compatibility hash mismatch" error is
     re-raised as XlkvMismatchError naming what the remote runs (from the hashes
-    compat_hash.py remembered) and the fix.  ``_validate_remote_agent_handshake`` is
-    wrapped to check block size and TP slicing before vLLM's own checks run, and (0.12,
+    compat_hash.py remembered) and the fix.  ``add_remote_agent`` (where a peer's
+    metadata is first used; vLLM's own block-size and TP arithmetic runs inside it) is
+    wrapped to check block size and TP slicing before any of that runs, and (0.12,
     which has no hash) to compare the region layout.  Only workers whose registered
     layout is xlkv's cross-layer one are affected.
 vLLM versions
-    ``_nixl_handshake`` 0.13-0.33; ``_validate_remote_agent_handshake`` 0.12-0.33 (owner:
+    ``_nixl_handshake`` 0.13-0.33; ``add_remote_agent`` 0.12-0.33 (owner:
     NixlConnectorWorker up to 0.23, NixlBaseConnectorWorker from 0.24).
 Removal
     When the layout is part of upstream's handshake checks for every supported release.
@@ -77,7 +78,8 @@ def is_cross_layer(worker):
 
 
 def validate_wrapper(wrapped, instance, args, kwargs):
-    meta, remote_tp = bind(args, kwargs, "nixl_agent_meta", "remote_tp_size")
+    meta, _rank, remote_tp = bind(args, kwargs, "nixl_agent_meta", "remote_tp_rank", "remote_tp_size")
+    remote_tp = 1 if remote_tp is None else remote_tp  # the signature's default
     if is_cross_layer(instance):
         local_bs = getattr(instance, "block_size", None)
         remote_bs = getattr(meta, "block_size", None)

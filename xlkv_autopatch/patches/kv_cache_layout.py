@@ -15,7 +15,8 @@ How
     back (with its own warning) where it is not allowed, e.g. FlashInfer on SM100; the
     hash patch then publishes the stock hash, since the layout really is stock.  An
     explicit ``VLLM_KV_CACHE_LAYOUT`` always wins (vLLM never asks the connector then);
-    the wrapper logs that once.
+    the wrapper logs that once.  Host-buffer mode and hybrid models keep the stock layout
+    with one WARNING (XLKV_STRICT=1: an error).
 vLLM versions
     0.29-0.33.
 Removal
@@ -25,11 +26,30 @@ Removal
 import os
 
 from .. import layout
-from ._glue import info_once
+from ._glue import bind, fallback, info_once
+
+
+def _exclusion(vllm_config):
+    """Configurations that keep the stock layout (host-buffer copies, hybrid models)."""
+    kvt = getattr(vllm_config, "kv_transfer_config", None)
+    if getattr(kvt, "kv_buffer_device", None) == "cpu":
+        from vllm.platforms import current_platform
+
+        if current_platform.device_type != "cpu":
+            return "host-buffer mode (kv_buffer_device=cpu) copies per layer"
+    model = getattr(vllm_config, "model_config", None)
+    if model is not None and getattr(model, "is_hybrid", False):
+        return "hybrid (Mamba/SSM + attention) models keep the stock layout"
+    return None
 
 
 def layout_wrapper(wrapped, cls, args, kwargs):
     stock = wrapped(*args, **kwargs)
+    (vllm_config,) = bind(args, kwargs, "vllm_config")
+    excluded = _exclusion(vllm_config) if stock is not None else None
+    if excluded:
+        fallback(excluded, excluded)
+        return stock
     decision = layout.layout_decision(stock=stock, env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if not decision.use:
         info_once("layout:" + decision.reason, "keeping KV cache layout %s: %s", stock, decision.reason)
