@@ -530,8 +530,19 @@ def summarize_equivalence(runs, probes, lengths):
             desc_ok = desc_ok and entry["descriptor_pass"]
         configs[cfg] = entry
     eq_ok = not mismatches and all(len(v) == len(lengths) for v in runs.values())
+    # Second view: every P/D run against the stock P/D run.  When the P/D path itself differs
+    # from local prefill (in stock vLLM too), this says whether a config changes anything
+    # beyond what stock P/D already does.  It does not change equivalence_pass.
+    pd_base = "pd:stock" if "pd:stock" in runs else None
+    pd_vs_pd_stock = {}
+    if pd_base:
+        for l in labels:
+            if l.startswith("pd:") and l != pd_base:
+                pd_vs_pd_stock[l] = compare_runs(runs[pd_base], runs[l])
+    token_ids = {l: {str(r["prompt_len"]): outputs_key(r) for r in runs[l]} for l in labels}
     return {"baseline": base_label, "prompt_lengths": list(lengths), "runs": rows, "mismatches": mismatches,
             "equivalence_pass": eq_ok, "descriptor_pass": desc_ok if "shim" in probes else None,
+            "pd_baseline": pd_base, "pd_vs_pd_stock": pd_vs_pd_stock, "token_ids": token_ids,
             "configs": configs, "pass": bool(eq_ok and desc_ok)}
 
 
@@ -551,6 +562,8 @@ def render_equivalence(summary):
                                                         f(c["blocks_per_transfer"]), f(c["descriptors_per_block"]), chk))
     for m in summary["mismatches"][:10]:
         lines.append("MISMATCH " + m)
+    for l, probs in (summary.get("pd_vs_pd_stock") or {}).items():
+        lines.append("%s vs %s: %s" % (l, summary["pd_baseline"], "IDENTICAL" if not probs else "; ".join(probs[:3])))
     lines += ["-" * 78, "equivalence: %s   descriptors: %s   => %s" % (
         "PASS" if summary["equivalence_pass"] else "FAIL",
         {True: "PASS", False: "FAIL", None: "n/a (no shim run)"}[summary["descriptor_pass"]],

@@ -340,3 +340,21 @@ def test_extract_token_ids_fallbacks():
     lp = {"logprobs": {"tokens": ["token_id:7", "token_id:8"]}}
     assert pdtools._extract_token_ids(lp) == ([7, 8], "logprobs_token_ids")
     assert pdtools._extract_token_ids({"text": "x"}) == (None, None)
+
+
+def test_equivalence_summary_pd_vs_pd_stock():
+    # P/D differs from local prefill in stock too: equivalence fails, but the second view
+    # shows that the shim's P/D output is the same as stock P/D
+    lens = [5, 2049]
+    pd = [{"prompt_len": 5, "method": "return_token_ids", "token_ids": [5, 2, 3], "text": None},
+          {"prompt_len": 2049, "method": "return_token_ids", "token_ids": [2049, 9, 9], "text": None}]
+    runs = {"local:stock": _run(lens), "pd:stock": pd, "local:shim": _run(lens), "pd:shim": list(pd),
+            "pd:native": _run(lens)}
+    s = pdtools.summarize_equivalence(runs, {}, lens)
+    assert not s["equivalence_pass"]
+    assert s["pd_baseline"] == "pd:stock"
+    assert s["pd_vs_pd_stock"]["pd:shim"] == []
+    assert s["pd_vs_pd_stock"]["pd:native"] == ["len 2049: first difference at output position 1"]
+    assert s["token_ids"]["pd:shim"]["2049"] == [2049, 9, 9]
+    text = pdtools.render_equivalence(s)
+    assert "pd:shim vs pd:stock: IDENTICAL" in text
