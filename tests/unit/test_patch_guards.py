@@ -52,6 +52,11 @@ def test_heterogeneous_tp(release):
     assert handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 0, 1), {}) == "original ran"
     with pytest.raises(XlkvMismatchError, match="blocks-first"):
         handshake.validate_wrapper(ok, worker(world_size=2, backend_name="FLASHINFER"), (meta(), 0, 1), {})
+    release("0.24.0")  # FA is treated as blocks-first in 0.23-0.25 transfers
+    with pytest.raises(XlkvMismatchError, match="blocks-first"):
+        handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 0, 1), {})
+    release("0.26.0")
+    assert handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 0, 1), {}) == "original ran"
     release("0.33.0")
     w = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BLNHC")
     with pytest.raises(XlkvMismatchError, match="block-outermost"):

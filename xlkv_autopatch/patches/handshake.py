@@ -93,10 +93,14 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         if remote_tp and remote_tp != local_tp:
             ratio = local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
             backend = getattr(instance, "backend_name", "")
+            rel = release()
+            # FlashAttention cross-layer blocks keep heads outermost ((blocks, heads, layers, 2, tokens,
+            # dim) up to 0.22, (blocks, heads, layers, tokens, 2*dim) in 0.26-0.28); 0.23-0.25 treat
+            # FA as blocks-first in the transfer arithmetic, and FlashInfer/Triton are blocks-first.
+            heads_outermost = backend == "FLASH_ATTN" and (rel < (0, 23, 0) or (0, 26, 0) <= rel < (0, 29, 0))
             decision = layout.heterogeneous_tp_supported(
-                cross_layer=True, tp_ratio=ratio,
-                blocks_first=backend in ("FLASHINFER", "TRITON_ATTN"),
-                whole_row_layout=release() >= (0, 29, 0))
+                cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost,
+                whole_row_layout=rel >= (0, 29, 0))
             if not decision.use:
                 raise XlkvMismatchError(
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "
