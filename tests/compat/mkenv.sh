@@ -107,19 +107,23 @@ else
   fi
   "$ENV/bin/python" -c 'import nixl, numpy, pytest' 2>/dev/null || pipx install -q "$NIXL_SPEC" numpy pytest >&2
 fi
-# torch X+cpu (local wheel) with PyPI's CUDA torchvision/torchaudio: importing them dies
-# ("operator torchvision::nms does not exist", "Could not load ... _torchaudio.abi3.so") and
-# takes transformers (hence vllm.config) with it. The harness needs neither.
-for m in torchvision torchaudio; do
-  if "$ENV/bin/python" -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('$m') else 1)" 2>/dev/null \
-     && ! "$ENV/bin/python" -c "import $m" >/dev/null 2>&1; then
-    log "$m does not load with this torch build; uninstalling it"
-    pipx uninstall -y -q "$m" >&2
-  fi
-done
+# torch X+cpu (local wheel) with PyPI's CUDA torchvision/torchaudio/torchcodec: importing them
+# dies ("operator torchvision::nms does not exist", "Could not load ... .so") and takes
+# transformers (hence vllm.config) with it. The harness needs none of them.
+drop_unloadable() {
+  for m in torchvision torchaudio torchcodec; do
+    if "$ENV/bin/python" -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('$m') else 1)" 2>/dev/null \
+       && ! "$ENV/bin/python" -c "import $m" >/dev/null 2>&1; then
+      log "$m does not load with this torch build; uninstalling it"
+      pipx uninstall -y -q "$m" >&2
+    fi
+  done
+}
+drop_unloadable
 if ! sanity; then
   log "sanity import failed; re-resolving vllm==$VER requirements"
   pipx install -q "vllm==$VER" "$NIXL_SPEC" numpy pytest >&2
+  drop_unloadable
   sanity
 fi
 echo "$ENV/bin/python"

@@ -140,7 +140,7 @@ class _LogCapture:
                     msg += f" | {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
                 cap.records.append((record.levelname, record.name, msg))
 
-        self.handler = H(level=logging.WARNING)
+        self.handler = H(level=logging.INFO)
         for name in ("vllm", ""):
             logging.getLogger(name).addHandler(self.handler)
 
@@ -196,8 +196,19 @@ def _setup(role, args, tmpdir):
     cfg = _kw(VllmConfig, model_config=mc, cache_config=cc, scheduler_config=sc,
               kv_transfer_config=kvt, device_config=DeviceConfig("cpu"))
     state["cfg"] = cfg
-    try:  # 0.22+: which model runner this engine would use (the shim forces V1 on 0.22-0.28)
-        state["use_v2_model_runner"] = getattr(cfg, "use_v2_model_runner", None)
+    # 0.22+: which model runner this engine would use on a GPU machine (the shim forces V1 on
+    # 0.22-0.28). Harness-only: vLLM's config module sees no Triton driver here and would pick
+    # V1 for that reason alone, so Triton is reported available for this one evaluation.
+    try:
+        import vllm.config.vllm as _cv
+        had = getattr(_cv, "HAS_TRITON", None)
+        if had is not None:
+            _cv.HAS_TRITON = True
+        try:
+            state["use_v2_model_runner"] = getattr(cfg, "use_v2_model_runner", None)
+        finally:
+            if had is not None:
+                _cv.HAS_TRITON = had
     except Exception as e:
         state["use_v2_model_runner"] = f"n/a ({e!r})"
     ctx = set_current_vllm_config(cfg)
@@ -524,6 +535,9 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
         info["cross_layer_shape"] = st.get("cross_layer_shape")
         info["worker"] = ws
         info["setup_s"] = round(time.time() - t0, 2)
+        # the shim's own log lines (vLLM's logger tree), whatever vLLM does with stdout
+        info["xlkv_log"] = [f"{lvl} {msg}"[:400] for lvl, name, msg in logs.records
+                            if name.startswith("vllm.xlkv_autopatch")][-30:]
         conn = st["conn"]
         if role == "p":
             ref = _fill_reference(st)
