@@ -6,7 +6,7 @@ these functions what to do, so the rules are unit-tested on their own.
 
 import hashlib
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 #: Attention backends whose cross-layer layout upstream vLLM supports (0.20+ list; 0.16-0.19
 #: and the 0.12-0.15 backport use the first two only).
@@ -146,10 +146,6 @@ def tag_hash(stock_hash: str) -> str:
     return hashlib.sha256(("%s|%s" % (stock_hash, HASH_TAG)).encode()).hexdigest()
 
 
-def explain_hash(remote: str, known: Dict[str, str]) -> Optional[str]:
-    return known.get(remote)
-
-
 def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_ratio: int,
                                whole_row_layout: bool = False) -> Decision:
     """Can a worker read a peer with a different TP size with this layout?
@@ -167,7 +163,3 @@ def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_rati
         return Decision(False, "cross-layer blocks of a blocks-first backend (K/V outermost) cannot be "
                                "sliced by heads for heterogeneous TP")
     return Decision(True, "heads are outermost in a FlashAttention cross-layer block")
-
-
-def summarize(decisions: Iterable[Decision]) -> str:
-    return "; ".join(d.reason for d in decisions)

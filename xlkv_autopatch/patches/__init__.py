@@ -76,6 +76,11 @@ def _backport_group(name, rng, prefer):
         precheck=refuse_kvcached)
 
 
+#: 0.12-0.13: the base class's ClassVar[bool], overridden on NixlConnector
+PREFER_CLASSVAR = PatchSpec("cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks",
+                            "attribute", cross_layer_preference.backport_attribute, on_named_class=True)
+
+
 def _native_prefer(module, owner):
     return PatchSpec("cross_layer_preference.native", module, owner, "prefer_cross_layer_blocks", "property",
                      cross_layer_preference.native_wrapper)
@@ -83,12 +88,8 @@ def _native_prefer(module, owner):
 
 def all_groups():
     return [
-        _backport_group("backport-0.12", ">=0.12,<0.13", PatchSpec(
-            "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "attribute",
-            cross_layer_preference.backport_attribute, on_named_class=True)),
-        _backport_group("backport-0.13", ">=0.13,<0.14", PatchSpec(
-            "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "attribute",
-            cross_layer_preference.backport_attribute, on_named_class=True)),
+        _backport_group("backport-0.12", ">=0.12,<0.13", PREFER_CLASSVAR),  # no compatibility hash yet
+        _backport_group("backport-0.13", ">=0.13,<0.14", PREFER_CLASSVAR),
         _backport_group("backport-0.14", ">=0.14,<0.16", PatchSpec(
             "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "property",
             cross_layer_preference.backport_property_wrapper, on_named_class=True)),

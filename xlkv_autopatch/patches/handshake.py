@@ -65,8 +65,8 @@ def _local_tp(worker):
     return 1
 
 
-def is_cross_layer(worker):
-    """Did this worker register xlkv's cross-layer layout?"""
+def is_cross_layer(worker, rel=None):
+    """Did this worker register xlkv's cross-layer layout?  (``rel``: release(), if known.)"""
     if getattr(worker, "_xlkv_cross_layer", False):
         return True
     for topo_name in ("transfer_topo", "kv_topo"):
@@ -74,13 +74,14 @@ def is_cross_layer(worker):
         if topo is not None and getattr(topo, "cross_layers_blocks", False):
             return True
     kv_layout = getattr(worker, "kv_cache_layout", None)
-    return release() >= (0, 29, 0) and kv_layout in layout.WHOLE_ROW_LAYOUTS
+    return (rel or release()) >= (0, 29, 0) and kv_layout in layout.WHOLE_ROW_LAYOUTS
 
 
 def validate_wrapper(wrapped, instance, args, kwargs):
     meta, _rank, remote_tp = bind(args, kwargs, "nixl_agent_meta", "remote_tp_rank", "remote_tp_size")
     remote_tp = 1 if remote_tp is None else remote_tp  # the signature's default
-    if is_cross_layer(instance):
+    rel = release()
+    if is_cross_layer(instance, rel):
         local_bs = getattr(instance, "block_size", None)
         remote_bs = getattr(meta, "block_size", None)
         if local_bs is not None and remote_bs is not None and local_bs != remote_bs:
@@ -93,7 +94,6 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         if remote_tp and remote_tp != local_tp:
             ratio = local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
             backend = getattr(instance, "backend_name", "")
-            rel = release()
             # FlashAttention cross-layer blocks keep heads outermost ((blocks, heads, layers, 2, tokens,
             # dim) up to 0.22, (blocks, heads, layers, tokens, 2*dim) in 0.26-0.28); 0.23-0.25 treat
             # FA as blocks-first in the transfer arithmetic, and FlashInfer/Triton are blocks-first.
@@ -106,7 +106,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "
                     "tensor-parallel size on both, or unset ENABLE_XLKV on both" % (remote_tp, local_tp,
                                                                                     decision.reason))
-        if release() < (0, 13, 0):  # no compatibility hash: compare the region layout directly
+        if rel < (0, 13, 0):  # no compatibility hash: compare the region layout directly
             remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
             local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
             if remote_regions != local_regions:
