@@ -847,6 +847,13 @@ def main():
             if p.is_alive():
                 p.kill()
     result["transfer_verified"] = bool(all_ok) and bool(result["cases"])
+    if result["descs_per_block"] is None:
+        # releases whose worker exposes no descriptor count (0.12-0.13): the descriptors really
+        # handed to NIXL per transferred block, when every case agrees
+        sent = {c.get("xfer_descs_per_block") for c in result["cases"].values()}
+        if len(sent) == 1 and None not in sent and float(next(iter(sent))).is_integer():
+            result["descs_per_block"] = int(next(iter(sent)))
+            result["descs_per_block_source"] = "descriptors sent"
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)
     print(json.dumps({k: result[k] for k in ("vllm", "backend", "kv_layout", "cross_layer",

@@ -83,18 +83,6 @@ def harness(py, logs, name, args, env=None):
     return data
 
 
-def descs_per_block(result):
-    """The worker's own figure; where a release exposes none (0.12), the descriptors really
-    handed to NIXL per transferred block, when every case agrees."""
-    value = result.get("descs_per_block")
-    if value is not None:
-        return value
-    sent = {c.get("xfer_descs_per_block") for c in (result.get("cases") or {}).values()}
-    if len(sent) == 1 and None not in sent and float(next(iter(sent))).is_integer():
-        return int(next(iter(sent)))
-    return None
-
-
 def run_release(release, logs):
     logs = os.path.join(logs, release)
     os.makedirs(logs, exist_ok=True)
@@ -133,8 +121,8 @@ def run_release(release, logs):
     mismatch = harness(py, logs, "decode-only", ["--case", "noncontig", "--d-env", "ENABLE_XLKV=1"])
     refused = (not mismatch.get("transfer_verified")) and "NIXL handshake refused" in (
         json.dumps(mismatch.get("errors")) + mismatch.get("_log_text", ""))
-    row["descriptors_per_block_stock"] = descs_per_block(stock)
-    row["descriptors_per_block_xlkv"] = descs_per_block(xlkv)
+    row["descriptors_per_block_stock"] = stock.get("descs_per_block")
+    row["descriptors_per_block_xlkv"] = xlkv.get("descs_per_block")
     row["transfer_verified"] = bool(stock.get("transfer_verified") and xlkv.get("transfer_verified"))
     for name, d in (("stock", stock), ("xlkv", xlkv), ("decode_only", mismatch)):
         row["details"][name] = {k: d.get(k) for k in ("cross_layer", "num_regions", "descs_per_block", "block_len",

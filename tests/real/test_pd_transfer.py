@@ -69,8 +69,10 @@ def _release(vllm_env):
 
 
 def test_block_size_mismatch_is_refused(vllm_env, tmp_path):
-    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", "32",
-                "--d-block-size", "16", env={"ENABLE_XLKV": "true"})
+    # P 16, D 32: the direction vLLM itself lets through (it re-splits remote blocks), so the
+    # refusal must come from xlkv's guard on every release
+    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", "16",
+                "--d-block-size", "32", env={"ENABLE_XLKV": "true"})
     assert r["transfer_verified"] is False
     text = json.dumps(r["errors"]) + r["_log"]
     assert "NIXL handshake refused" in text and "block size" in text, text[-3000:]
