@@ -464,6 +464,7 @@ def merge_results(docs):
                     tgt["commands"].append(c)
             _finish_cell(tgt)
     out["cells"].sort(key=lambda c: (c.get("input_len") or 0, str(c.get("config"))))
+    out.setdefault("equivalence_pass", None)  # always present: null = no equivalence run given
     return out
 
 

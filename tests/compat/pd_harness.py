@@ -186,10 +186,29 @@ def _setup(role, args, tmpdir):
     # NIXL's host-buffer mode (the GPU path copies through host buffers)
     block_size = getattr(args, f"{role}_block_size", None) or BLOCK_SIZE
     state["block_size"] = block_size
-    kvt = _kw(KVTransferConfig, kv_connector="NixlConnector", kv_role="kv_both",
-              kv_buffer_device=getattr(args, "kv_buffer_device", None) or "cuda",
-              engine_id=f"{role}-engine",
-              kv_connector_extra_config=extra)
+    buffer_device = getattr(args, "kv_buffer_device", None) or "cuda"
+    connector = getattr(args, f"{role}_connector", None) or "nixl"
+    state["connector_kind"] = connector
+    if connector == "nixl":
+        kvt = _kw(KVTransferConfig, kv_connector="NixlConnector", kv_role="kv_both",
+                  kv_buffer_device=buffer_device, engine_id=f"{role}-engine",
+                  kv_connector_extra_config=extra)
+    else:
+        # --p-connector/--d-connector multi: NixlConnector inside a MultiConnector (what
+        # dynamo and LMCache deployments run); multi-mixed adds the release's example
+        # storage connector, which never takes cross-layer blocks
+        children = [dict(kv_connector="NixlConnector", kv_role="kv_both",
+                         kv_buffer_device=buffer_device, kv_connector_extra_config=extra)]
+        if connector == "multi-mixed":
+            from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+            names = getattr(KVConnectorFactory, "_registry", {})
+            example = "ExampleConnector" if "ExampleConnector" in names else "SharedStorageConnector"
+            children.append(dict(kv_connector=example, kv_role="kv_both",
+                                 kv_connector_extra_config={
+                                     "shared_storage_path": os.path.join(tmpdir, f"storage-{role}")}))
+        kvt = _kw(KVTransferConfig, kv_connector="MultiConnector", kv_role="kv_both",
+                  kv_buffer_device=buffer_device, engine_id=f"{role}-engine",
+                  kv_connector_extra_config={"connectors": children})
     sc = _kw(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
              is_encoder_decoder=False)
     cc = _kw(CacheConfig, block_size=block_size)
@@ -222,6 +241,12 @@ def _setup(role, args, tmpdir):
     backends = _current_backends(cfg)
     backend = backends[0]
     state["backend"] = backend.get_name()
+    # --kernel-block-size K: the attention backend supports only K-token kernel blocks, so
+    # the release's own prepare_kernel_block_sizes splits each logical block (harness-only
+    # override of the backend's capability, like the platform above)
+    kernel_bs = getattr(args, "kernel_block_size", None)
+    if kernel_bs:
+        backend.get_supported_kernel_block_sizes = staticmethod(lambda *a, **k: [kernel_bs])
 
     names = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
     spec = _kw(FullAttentionSpec, block_size=block_size, num_kv_heads=NUM_KV_HEADS,
@@ -264,14 +289,29 @@ def _setup(role, args, tmpdir):
     if layout_api and hasattr(kvcc, "kv_cache_layout"):
         kvcc.kv_cache_layout = cfg.cache_config.kv_cache_layout
     state["num_blocks"] = kvcc.num_blocks
+    # --over-allocate N: the allocator hands over tensors with N blocks more than the
+    # scheduler's budget (virtual capacity, as kvcached does); the budget stays NUM_BLOCKS
+    extra_blocks = getattr(args, "over_allocate", 0) or 0
+    if extra_blocks:
+        for i, t in enumerate(kvcc.kv_cache_tensors):
+            try:
+                t.size = t.size + extra_blocks * t.size // NUM_BLOCKS
+            except dataclasses.FrozenInstanceError:
+                kvcc.kv_cache_tensors[i] = dataclasses.replace(
+                    t, size=t.size + extra_blocks * t.size // NUM_BLOCKS)
+    state["kernel_ratio"] = block_size // kernel_bs if kernel_bs else 1
+    state["tensor_blocks"] = (NUM_BLOCKS + extra_blocks) * state["kernel_ratio"]
 
     # worker side: connector via the real factory
     _kw(kvts.ensure_kv_transfer_initialized, vllm_config=cfg, kv_cache_config=kvcc)
-    conn = kvts.get_kv_transfer_group()
+    outer = kvts.get_kv_transfer_group()  # what the model runner talks to
+    # the NixlConnector (inside a MultiConnector: its child) runs the transfers below
+    conn = next((c for c in getattr(outer, "_connectors", []) if "Nixl" in type(c).__name__), outer)
+    state["outer"] = outer
     state["conn"] = conn
-    state["connector_class"] = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    state["connector_class"] = f"{type(outer).__module__}.{type(outer).__qualname__}"
     try:
-        state["prefer_cross_layer_blocks"] = bool(conn.prefer_cross_layer_blocks)
+        state["prefer_cross_layer_blocks"] = bool(outer.prefer_cross_layer_blocks)
     except Exception:
         state["prefer_cross_layer_blocks"] = None
     if not layout_api:
@@ -282,6 +322,10 @@ def _setup(role, args, tmpdir):
             state["kv_layout"] = f"n/a ({e!r})"
 
     runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
+    view = tuple(kv_caches[names[0]].shape)
+    if state["tensor_blocks"] not in view and NUM_BLOCKS * state["kernel_ratio"] in view:
+        # 0.29+ per-layer views cover the budget only, whatever the allocation holds
+        state["tensor_blocks"] = NUM_BLOCKS * state["kernel_ratio"]
     state["runner"] = runner
     state["kv_caches"] = kv_caches
 
@@ -292,13 +336,13 @@ def _setup(role, args, tmpdir):
     state["cross_layer"] = xl is not None or state.get("layout_block_outermost", False)
     if xl is not None:
         state["cross_layer_shape"] = list(xl.shape)
-        conn.register_cross_layers_kv_cache(xl, runner.cross_layers_attn_backend)
+        outer.register_cross_layers_kv_cache(xl, runner.cross_layers_attn_backend)
     else:
-        conn.register_kv_caches(kv_caches)
+        outer.register_kv_caches(kv_caches)
     try:
         from vllm.v1.worker.gpu_model_runner import copy_kv_blocks  # noqa
-        if hasattr(conn, "set_host_xfer_buffer_ops"):
-            conn.set_host_xfer_buffer_ops(copy_kv_blocks)
+        if hasattr(outer, "set_host_xfer_buffer_ops"):
+            outer.set_host_xfer_buffer_ops(copy_kv_blocks)
     except Exception:
         pass
     state["layer_view_shape"] = list(kv_caches[names[0]].shape)
@@ -424,16 +468,10 @@ def _worker_state(state):
     return out
 
 
-def _block_dim(t):
-    dims = [i for i, s in enumerate(t.shape) if s == NUM_BLOCKS]
-    assert len(dims) == 1, f"cannot find the block dim in {tuple(t.shape)}"
+def _block_dim(shape, tensor_blocks):
+    dims = [i for i, s in enumerate(shape) if s == tensor_blocks]
+    assert len(dims) == 1, f"cannot find the block dim ({tensor_blocks} blocks) in {tuple(shape)}"
     return dims[0]
-
-
-def _get_blocks(t, ids):
-    import torch
-    d = _block_dim(t)
-    return t.index_select(d, torch.tensor(ids, dtype=torch.long)).contiguous()
 
 
 def _fill_reference(state):
@@ -530,8 +568,8 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
         ws = _worker_state(st)
         info = {k: st[k] for k in ("vllm", "platform", "backend", "kv_layout", "cross_layer",
                                     "prefer_cross_layer_blocks", "connector_class", "layout_block_outermost",
-                                    "layer_view_shape", "num_blocks", "block_size",
-                                    "use_v2_model_runner") if k in st}
+                                    "layer_view_shape", "num_blocks", "block_size", "connector_kind",
+                                    "use_v2_model_runner", "kernel_ratio", "tensor_blocks") if k in st}
         info["cross_layer_shape"] = st.get("cross_layer_shape")
         info["worker"] = ws
         info["setup_s"] = round(time.time() - t0, 2)
@@ -542,7 +580,7 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
         if role == "p":
             ref = _fill_reference(st)
             # engine core: worker handshake metadata -> scheduler connector side channel
-            sched_cls = type(conn)
+            sched_cls = type(st["outer"])
             sched = _kw(sched_cls, vllm_config=st["cfg"], role=_role("SCHEDULER"),
                         kv_cache_config=st["kvcc"])
             st["sched"] = sched
@@ -670,17 +708,21 @@ def _expect(q, kinds, timeout, what):
 
 
 def _verify(p_info, d_layers, expected_owner):
-    """Compare D's per-layer logical views against P's reference, block by block."""
+    """Compare D's per-layer views against P's reference, kernel block by kernel block
+    (expected_owner maps D's logical block ids to P's)."""
     import numpy as np
     shape = tuple(p_info["ref_shape"])
-    bd = [i for i, s in enumerate(shape) if s == NUM_BLOCKS][0]
+    nblocks = p_info.get("tensor_blocks", NUM_BLOCKS)
+    k = p_info.get("kernel_ratio", 1)
+    bd = _block_dim(shape, nblocks)
+    owner = {lb * k + j: rb * k + j for lb, rb in expected_owner.items() for j in range(k)}
     bad = []
     for n, dbytes in d_layers.items():
         ref = np.frombuffer(p_info["reference"][n], dtype=np.int16).reshape(shape)
         got = np.frombuffer(dbytes, dtype=np.int16).reshape(shape)
-        for b in range(NUM_BLOCKS):
+        for b in range(nblocks):
             g = np.take(got, b, axis=bd)
-            src = expected_owner.get(b)
+            src = owner.get(b)
             if src is None:
                 if np.any(g != 0):
                     bad.append(f"{n} local block {b} should be untouched (zero)")
@@ -704,13 +746,27 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="per step, seconds")
     ap.add_argument("--p-block-size", type=int, default=None, help="KV block size of P (default 16)")
     ap.add_argument("--d-block-size", type=int, default=None, help="KV block size of D (default 16)")
+    ap.add_argument("--p-connector", choices=("nixl", "multi", "multi-mixed"), default="nixl",
+                    help="P's connector: NixlConnector, or NixlConnector inside a MultiConnector "
+                         "(multi-mixed: with the example storage connector beside it)")
+    ap.add_argument("--d-connector", choices=("nixl", "multi", "multi-mixed"), default="nixl")
+    ap.add_argument("--kernel-block-size", type=int, default=None,
+                    help="kernel block size the attention backend supports (< the block size: each "
+                         "logical block is split into several kernel blocks)")
+    ap.add_argument("--over-allocate", type=int, default=0, metavar="N",
+                    help="allocate N blocks more than the scheduler's budget (virtual capacity)")
     ap.add_argument("--kv-buffer-device", default=None,
                     help="kv_buffer_device on both sides (default cuda; cpu = NIXL host-buffer mode)")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     args = ap.parse_args()
     t_start = time.time()
-    cases = args.case or CASE_ORDER
+    cases = list(args.case or CASE_ORDER)
+    if args.over_allocate >= 3:
+        # blocks beyond the scheduler's budget, which only the over-allocated tensors hold
+        top = NUM_BLOCKS + args.over_allocate - 1
+        CASES["virtual"] = [("v", [top, NUM_BLOCKS, 3], [top - 1, NUM_BLOCKS + 1, 6], 3 * BLOCK_SIZE)]
+        cases.append("virtual")
 
     def kv(lst):
         return dict(x.split("=", 1) for x in lst)

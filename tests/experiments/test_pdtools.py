@@ -238,6 +238,7 @@ def test_merge_equivalence_flags_and_mismatched_machines():
     eq_summary = {"equivalence_pass": True, "descriptor_pass": False, "vllm_version": "0.21.0", "gpu": "2xH200"}
     m = pdtools.merge_results([ok, eq_summary])
     assert m["equivalence_pass"] is True and m["descriptor_pass"] is False
+    assert pdtools.merge_results([_doc("stock", [1.0], "n", eq=None)])["equivalence_pass"] is None  # key always there
     other = _doc("stock", [1.0], "z")
     other["vllm_version"] = "0.26.0"
     assert any("0.26.0" in w for w in pdtools.merge_results([ok, other])["warnings"])

@@ -96,3 +96,89 @@ def test_v1_model_runner_forced_where_v2_is_the_default(vllm_env, stock, xlkv):
     assert stock["p"]["use_v2_model_runner"] is True
     assert xlkv["p"]["use_v2_model_runner"] is False
     assert "using the V1 model runner" in json.dumps(xlkv["p"].get("xlkv_log")) + xlkv["_log"]
+
+
+def _shim_log(r):
+    return json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
+
+
+def test_multiconnector_and_plain_nixlconnector_make_the_same_decision(vllm_env, tmp_path):
+    # NixlConnector inside a MultiConnector on one side, a plain NixlConnector on the other (the
+    # dynamo #10027 pairing). Before 0.16 vLLM's MultiConnector does not pass on the NIXL
+    # handshake metadata, so it cannot be the prefill side there (stock too): it is the decode side.
+    p_multi = _release(vllm_env) >= (0, 16)
+    side = "--p-connector" if p_multi else "--d-connector"
+    r = harness(vllm_env[1], tmp_path, "multi", side, "multi", env={"ENABLE_XLKV": "true"})
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    multi = r["p" if p_multi else "d"]
+    assert multi["connector_class"].endswith("MultiConnector"), multi["connector_class"]
+    assert r["p"]["cross_layer"] is True and r["d"]["cross_layer"] is True
+    assert r["p_d_layout_match"] is True
+    for case in r["cases"].values():
+        assert case["xfer_descs_per_block"] == 1, case
+
+
+def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, tmp_path):
+    # MultiConnector(NixlConnector, example storage connector) on decode, plain NixlConnector on
+    # prefill: never a transfer. 0.12-0.28: the MultiConnector side keeps the stock layout (its
+    # other child takes no cross-layer blocks) and says so in a WARNING; the handshake is refused,
+    # by xlkv with the cause named where the two hashes differ only by the layout (0.12-0.15),
+    # otherwise by vLLM's own hash check (0.16+ also hash whether the hybrid KV manager is on,
+    # which the example connector turns off: stock vLLM refuses this pairing too).
+    r = harness(vllm_env[1], tmp_path, "multi_mixed", "--case", "noncontig", "--d-connector", "multi-mixed",
+                env={"ENABLE_XLKV": "true"})
+    assert r["transfer_verified"] is False
+    text = _shim_log(r) + json.dumps(r["errors"])
+    if _release(vllm_env) < (0, 29):
+        assert r["d"]["cross_layer"] is False and r["p"]["cross_layer"] is True
+        assert "also runs ExampleConnector" in text or "also runs SharedStorageConnector" in text, text[-3000:]
+    if _release(vllm_env) < (0, 16):
+        assert "NIXL handshake refused: this kv_both engine runs the stock per-layer KV layout" in text, text[-3000:]
+        assert "remote engine runs xlkv's cross-layer KV layout" in text
+    else:
+        assert "compatibility hash mismatch" in text or "NIXL handshake refused" in text, text[-3000:]
+
+
+def test_kernel_block_smaller_than_the_logical_block(vllm_env, tmp_path):
+    # the backend supports only 16-token kernel blocks, the KV manager uses 32-token blocks:
+    # vLLM's own prepare_kernel_block_sizes splits every logical block in two
+    r = harness(vllm_env[1], tmp_path, "kernel_block", "--kernel-block-size", "16", "--p-block-size", "32",
+                "--d-block-size", "32", env={"ENABLE_XLKV": "true"})
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    assert r["d"]["kernel_ratio"] == 2
+    ratio = r["d"]["worker"].get("_physical_blocks_per_logical_kv_block")
+    assert ratio in (None, 2), ratio
+    if _release(vllm_env) >= (0, 29):
+        # vLLM cannot register a block-outermost layout split into kernel blocks (its own
+        # assertion): the stock layout, with the reason in one WARNING
+        assert r["cross_layer"] is False
+        assert "kernel block (16 tokens) is smaller than the KV block (32 tokens)" in _shim_log(r)
+        return
+    assert r["cross_layer"] is True
+    for name, case in r["cases"].items():
+        # one descriptor per kernel block: two per logical block, each a whole cross-layer row
+        assert case["bytes_ok"] and case["xfer_descs_per_block"] == 2, (name, case)
+
+
+def test_over_allocated_tensors(vllm_env, tmp_path):
+    # the allocator hands over tensors with 10 blocks more than the scheduler's budget (virtual
+    # capacity, as kvcached does)
+    r = harness(vllm_env[1], tmp_path, "over_alloc", "--over-allocate", "10", env={"ENABLE_XLKV": "true"})
+    rel = _release(vllm_env)
+    if rel >= (0, 29):
+        # vLLM's own registration refuses the block-outermost view it cannot partition, before
+        # any metadata is published; xlkv names the layout and the fix
+        assert r["transfer_verified"] is False
+        text = json.dumps(r["errors"])
+        assert "vLLM cannot register this KV cache with NIXL in the block-outermost layout" in text, text[-3000:]
+        assert "cannot be partitioned into NIXL regions" in text and "VLLM_KV_CACHE_LAYOUT=LBHNC" in text
+        return
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    assert r["d"]["tensor_blocks"] == 50 and r["cross_layer"] is True
+    if rel >= (0, 18):
+        # vLLM takes the count from the budget (and asserts it equals the tensors'): the shim
+        # raised it to the tensors' real block count before registration
+        assert "tensors hold 50 blocks, the scheduler budget is 40" in json.dumps(r["d"]["xlkv_log"]), r["d"]
+        assert r["d"]["worker"]["num_blocks"] == 50
+    # a transfer of blocks beyond the budget (ids 40-49, which only the tensors hold) was exact
+    assert r["cases"]["virtual"]["ok"] is True, r["cases"]["virtual"]

@@ -8,7 +8,7 @@ import pytest
 from xlkv_autopatch import layout
 from xlkv_autopatch.errors import XlkvError, XlkvMismatchError
 from xlkv_autopatch.patches import (block_count, compat_hash, cross_layer_preference, handshake, kv_cache_layout,
-                                    model_runner, refuse_kvcached)
+                                    model_runner, multi_connector, refuse_kvcached)
 
 
 def ok(*args, **kwargs):
@@ -89,6 +89,21 @@ def test_hash_mismatch_is_explained(release):
     assert "set ENABLE_XLKV=true on BOTH" in msg
 
 
+def test_hash_mismatch_against_an_xlkv_peer_is_explained_on_the_stock_side(release):
+    # this side kept the stock layout (fallback or flag unset here); it never tagged a hash
+    stock = "2" * 64
+
+    def failing(*a, **k):
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s." % (stock, layout.tag_hash(stock)))
+
+    w = types.SimpleNamespace(compat_hash=stock, kv_transfer_config=types.SimpleNamespace(kv_role="kv_both"))
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.handshake_wrapper(failing, w, (), {})
+    msg = str(e.value)
+    assert "kv_both engine runs the stock per-layer KV layout (ENABLE_XLKV unset here" in msg
+    assert "remote engine runs xlkv's cross-layer KV layout" in msg and "MultiConnector" in msg
+
+
 def test_unknown_hash_mismatch_keeps_vllms_error(release):
     def failing(*a, **k):
         raise RuntimeError("NIXL compatibility hash mismatch. Local: aa, Remote: %s." % ("f" * 64))
@@ -154,6 +169,12 @@ def test_block_counts_reconciled_before_registration(release):
     release("0.33.0")
     with pytest.raises(XlkvMismatchError, match="over-allocated"):
         block_count.register_wrapper(original, worker(num_blocks=64), ({"l0": _fa(96)},), {})
+    # 0.29+ views in logical blocks of 2 kernel blocks each: the worker counts 128 kernel blocks
+    w = worker(num_blocks=128, _physical_blocks_per_logical_kv_block=2)
+    assert block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(64)},), {}) == "registered"
+    assert seen["num_blocks"] == 128
+    with pytest.raises(XlkvMismatchError, match="disagree"):
+        block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(63)},), {})
 
 
 def test_model_runner_forces_v1_only_when_it_should(monkeypatch):
@@ -224,3 +245,54 @@ def test_kvcached_refused(monkeypatch):
     monkeypatch.setenv("ENABLE_KVCACHED", "true")
     with pytest.raises(XlkvError, match="ENABLE_KVCACHED and ENABLE_XLKV are both set"):
         refuse_kvcached()
+
+
+class _Conn:
+    def __init__(self, prefer):
+        self.prefer_cross_layer_blocks = prefer
+        self.registered = []
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        self.registered.append((kv_cache, attn_backend))
+
+
+class NixlConnector(_Conn):
+    pass
+
+
+class ExampleConnector(_Conn):
+    pass
+
+
+def test_multi_connector_backport_is_the_and_of_its_children(monkeypatch, caplog):
+    multi = types.SimpleNamespace(_connectors=[NixlConnector(True)])
+    assert multi_connector.backport_attribute(False, multi, object) is True
+    assert multi_connector.backport_attribute(False, None, object) is False  # class access: untouched
+    assert multi_connector.backport_attribute(False, types.SimpleNamespace(_connectors=[]), object) is False
+    mixed = types.SimpleNamespace(_connectors=[NixlConnector(True), ExampleConnector(False)])
+    with caplog.at_level("WARNING", logger="vllm.xlkv_autopatch"):
+        assert multi_connector.backport_attribute(False, mixed, object) is False
+    assert "also runs ExampleConnector" in caplog.text
+    monkeypatch.setenv("XLKV_STRICT", "1")
+    with pytest.raises(XlkvError, match="ExampleConnector"):
+        multi_connector.backport_attribute(False, mixed, object)
+
+
+def test_multi_connector_warns_only_when_nixl_wanted_cross_layer(monkeypatch):
+    monkeypatch.setenv("XLKV_STRICT", "1")  # any fallback would raise
+    nixl_off = types.SimpleNamespace(_connectors=[NixlConnector(False), ExampleConnector(False)])
+    assert multi_connector.property_wrapper(lambda: False, nixl_off, (), {}) is False
+    both = types.SimpleNamespace(_connectors=[NixlConnector(True)])
+    assert multi_connector.property_wrapper(lambda: True, both, (), {}) is True
+    mixed = types.SimpleNamespace(_connectors=[NixlConnector(True), ExampleConnector(False)])
+    with pytest.raises(XlkvError, match="stock per-layer KV layout is kept"):
+        multi_connector.property_wrapper(lambda: False, mixed, (), {})
+
+
+def test_multi_connector_register_reaches_every_child():
+    children = [NixlConnector(True), NixlConnector(True)]
+    calls = []
+    multi_connector.register_wrapper(lambda *a, **k: calls.append(a), types.SimpleNamespace(_connectors=children),
+                                     ("tensor", "backend"), {})
+    assert calls == [("tensor", "backend")]  # the original (no-op) stays in the chain
+    assert [c.registered for c in children] == [[("tensor", "backend")]] * 2

@@ -11,6 +11,8 @@ compat_hash                compute_nixl_compatibility_hash (worker module)      
 handshake                  NixlConnectorWorker._nixl_handshake,                 0.12-0.33
                            NixlConnectorWorker.add_remote_agent
 block_count                NixlConnectorWorker.register_kv_caches               0.12-0.33
+multi_connector            MultiConnector.prefer_cross_layer_blocks,            0.12-0.28
+                           MultiConnector.register_cross_layers_kv_cache        0.12-0.13
 =========================  ==================================================  ==========
 
 :func:`all_groups` returns every :class:`~xlkv_autopatch.registry.PatchGroup`; the
@@ -23,8 +25,8 @@ import os
 from ..errors import XlkvError
 from ..registry import PatchGroup, PatchSpec
 from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
-               kv_cache_layout, model_runner)
-from ._glue import BW, C, CFG, N, PKG, W
+               kv_cache_layout, model_runner, multi_connector)
+from ._glue import BW, C, CFG, MC, N, PKG, W
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
 
@@ -110,6 +112,14 @@ def all_groups():
         PatchGroup("runner-v1", CFG, ">=0.22,<0.29", (
             PatchSpec("model_runner.force_v1", CFG, "VllmConfig", "use_v2_model_runner", "property",
                       model_runner.runner_wrapper),)),
+        PatchGroup("multi-0.12", MC, ">=0.12,<0.14", (
+            PatchSpec("multi_connector.backport", MC, "MultiConnector", "prefer_cross_layer_blocks", "attribute",
+                      multi_connector.backport_attribute, on_named_class=True),
+            PatchSpec("multi_connector.register", MC, "MultiConnector", "register_cross_layers_kv_cache", "method",
+                      multi_connector.register_wrapper, params=XL_REGISTER_PARAMS, on_named_class=True))),
+        PatchGroup("multi-0.14", MC, ">=0.14,<0.29", (
+            PatchSpec("multi_connector.warn", MC, "MultiConnector", "prefer_cross_layer_blocks", "property",
+                      multi_connector.property_wrapper),)),
         PatchGroup("layout-0.29", PKG, ">=0.29,<0.34", tuple(
             [PatchSpec("kv_cache_layout.block_outermost", C, "NixlConnector", "get_required_kvcache_layout",
                        "classmethod", kv_cache_layout.layout_wrapper, params=LAYOUT_PARAMS),

@@ -12,12 +12,14 @@ Why
 How
     Before the original registration runs, the wrapper reads each region's block
     dimension (K and V of FlashAttention per-layer tensors separately; cross-layer
-    tensors and >= 0.26 packed tensors as one), and: refuses when regions disagree or
-    hold fewer blocks than the budget; on 0.18-0.28, where both counts live in
+    tensors and >= 0.26 packed tensors as one; 0.29+ views count logical blocks, each
+    holding several kernel blocks when the kernel block is smaller), and: refuses when
+    regions disagree or hold fewer blocks than the budget; on 0.18-0.28, where both counts live in
     ``num_blocks`` / ``_logical_num_blocks``, raises them to the tensors' real count
     (INFO line); on 0.29+ (per-layer counts come from the KV cache config) refuses
-    over-allocation instead.  After registration it logs the regions and descriptors per
-    block once.
+    over-allocation instead.  vLLM's own assertion that a block-outermost view cannot be
+    partitioned (0.29+) is re-raised naming the layout and the fix.  After registration it
+    logs the regions and descriptors per block once.
 vLLM versions
     0.12-0.33 (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
 Removal
@@ -62,6 +64,11 @@ def register_wrapper(wrapped, instance, args, kwargs):
     rel = release()
     if counts and rel >= (0, 18, 0) and not getattr(instance, "_has_mamba", False):
         expected = getattr(instance, "num_blocks", None)
+        ratio = getattr(instance, "_physical_blocks_per_logical_kv_block", 1) or 1
+        if ratio > 1 and isinstance(expected, int) and set(counts.values()) == {expected // ratio}:
+            # 0.29+ views are indexed in logical blocks, each holding `ratio` kernel blocks
+            # (the worker's count is in kernel blocks): the same capacity, nothing to reconcile
+            expected = None
         if isinstance(expected, int) and expected > 0:
             try:
                 real, note = layout.reconcile_block_counts(counts, expected)
@@ -73,7 +80,6 @@ def register_wrapper(wrapped, instance, args, kwargs):
                         "xlkv_autopatch: refusing to register the KV cache with NIXL: %s; vLLM %d.%d takes per-layer "
                         "block counts from the KV cache config, so over-allocated tensors cannot be indexed safely. "
                         "Fix: allocate exactly kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" % ((note,) + rel[:2]))
-                ratio = getattr(instance, "_physical_blocks_per_logical_kv_block", 1) or 1
                 if real % ratio:
                     raise XlkvMismatchError("xlkv_autopatch: %d kernel blocks are not a whole number of logical "
                                             "blocks (ratio %d)" % (real, ratio))
@@ -84,7 +90,14 @@ def register_wrapper(wrapped, instance, args, kwargs):
     elif counts and len(set(counts.values())) > 1:
         raise XlkvMismatchError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
                                 "their block count (%s)" % ", ".join("%s=%d" % kv for kv in sorted(counts.items())[:8]))
-    result = wrapped(*args, **kwargs)
+    try:
+        result = wrapped(*args, **kwargs)
+    except AssertionError as e:
+        if rel >= (0, 29, 0) and "cannot be partitioned into NIXL regions" in str(e) and is_cross_layer(instance, rel):
+            raise XlkvMismatchError(
+                "xlkv_autopatch: vLLM cannot register this KV cache with NIXL in the block-outermost layout xlkv "
+                "asked for (%s). Fix: set VLLM_KV_CACHE_LAYOUT=LBHNC (the stock layout) or unset ENABLE_XLKV" % e) from e
+        raise
     regions = getattr(instance, "num_regions", None)
     blocks = getattr(instance, "num_blocks", None)
     info_once("registered", "NIXL registration: %s region(s), %s blocks, %s layout, block lengths %s",

@@ -28,6 +28,9 @@ from ..errors import XlkvMismatchError
 from ._glue import bind, release
 from .compat_hash import KNOWN, XLKV
 
+LOCAL_PER_LAYER = ("the stock per-layer KV layout (ENABLE_XLKV unset here, or xlkv kept the stock layout: see this "
+                   "engine's WARNING)")
+
 FIX = ("Fix: set ENABLE_XLKV=true on BOTH prefill and decode (or unset it on both), with the same "
        "xlkv_autopatch, vLLM release and connector configuration (a MultiConnector on one side only "
        "can turn cross-layer blocks off there)")
@@ -41,9 +44,15 @@ def handshake_wrapper(wrapped, instance, args, kwargs):
         if "compatibility hash mismatch" not in text:
             raise
         remote = re.search(r"Remote:\s*([0-9a-fA-F]+)", text)
+        remote = remote.group(1) if remote else None
         local = getattr(instance, "compat_hash", None)
-        theirs = KNOWN.get(remote.group(1)) if remote else None
+        theirs = KNOWN.get(remote) if remote else None
         ours = KNOWN.get(local, "a configuration xlkv does not recognise")
+        if theirs is None and remote and local and remote == layout.tag_hash(local):
+            # the peer is this very configuration with xlkv's layout, and this side kept the stock
+            # one (ENABLE_XLKV unset here, or a fallback such as a MultiConnector with a connector
+            # that takes no cross-layer blocks: see this engine's WARNING)
+            ours, theirs = LOCAL_PER_LAYER, XLKV
         if theirs is None:
             raise  # not a layout difference xlkv can name: keep vLLM's message
         raise XlkvMismatchError(

@@ -15,8 +15,10 @@ How
     back (with its own warning) where it is not allowed, e.g. FlashInfer on SM100; the
     hash patch then publishes the stock hash, since the layout really is stock.  An
     explicit ``VLLM_KV_CACHE_LAYOUT`` always wins (vLLM never asks the connector then);
-    the wrapper logs that once.  Host-buffer mode and hybrid models keep the stock layout
-    with one WARNING (XLKV_STRICT=1: an error).
+    the wrapper logs that once.  Host-buffer mode, hybrid models and a kernel block
+    smaller than the KV block (vLLM's own ``select_common_block_size`` for the engine's
+    attention backends; vLLM cannot register such a block-outermost layout) keep the
+    stock layout with one WARNING (XLKV_STRICT=1: an error).
 vLLM versions
     0.29-0.33.
 Removal
@@ -40,6 +42,23 @@ def _exclusion(vllm_config):
     model = getattr(vllm_config, "model_config", None)
     if model is not None and getattr(model, "is_hybrid", False):
         return "hybrid (Mamba/SSM + attention) models keep the stock layout"
+    return _kernel_split(vllm_config)
+
+
+def _kernel_split(vllm_config):
+    """A kernel block smaller than the KV block: vLLM's NIXL registration cannot partition a
+    block-outermost view into kernel blocks (it asserts), so keep the stock layout."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+        from vllm.v1.worker.utils import select_common_block_size
+
+        block_size = vllm_config.cache_config.block_size
+        kernel = select_common_block_size(block_size, list(get_current_attn_backends(vllm_config)))
+    except Exception:  # cannot tell here; registration (block_count.py) still refuses with the cause
+        return None
+    if isinstance(block_size, int) and isinstance(kernel, int) and kernel < block_size:
+        return ("the attention kernel block (%d tokens) is smaller than the KV block (%d tokens), and vLLM's NIXL "
+                "registration cannot split a block-outermost layout into kernel blocks" % (kernel, block_size))
     return None
 
 
