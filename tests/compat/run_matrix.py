@@ -11,6 +11,13 @@ vLLM package swapped inside it), the shim is installed into that environment (ed
 1. ``python -m xlkv_autopatch status --json`` (every patch target resolves),
 2. the P->D harness with the flag off (stock) and on (ENABLE_XLKV=true on both),
 3. the harness with ENABLE_XLKV on the decode side only (must be refused at handshake),
+4. the safety cases, each with ENABLE_XLKV on both sides (``SAFETY``): NixlConnector inside a
+   MultiConnector on one side, a plain one on the other (must transfer exactly, cross-layer);
+   a MultiConnector with a child that takes no cross-layer blocks (must never transfer); a
+   16-token kernel block under 32-token KV blocks (must transfer exactly: cross-layer up to
+   0.28, the stock layout with a WARNING from 0.29); tensors with 10 blocks more than the
+   budget (must transfer exactly, blocks beyond the budget included, up to 0.28; refused
+   with the cause from 0.29),
 
 and one row is written (rows of other releases already in --out are kept):
 ``{vllm, mechanism, status: pass|fail|unsupported, descriptors_per_block_stock,
@@ -83,6 +90,61 @@ def harness(py, logs, name, args, env=None):
     return data
 
 
+def _rel(release):
+    return tuple(int(x) for x in release.split(".")[:2])
+
+
+def _text(d):
+    return json.dumps(d.get("errors")) + json.dumps([d.get("p", {}).get("xlkv_log"), d.get("d", {}).get("xlkv_log")]) \
+        + d.get("_log_text", "")
+
+
+def _safety_multi(release, py, logs):
+    # before 0.16 vLLM's MultiConnector cannot serve the NIXL handshake: it is the decode side
+    side = "--p-connector" if _rel(release) >= (0, 16) else "--d-connector"
+    d = harness(py, logs, "multi", [side, "multi"], env={"ENABLE_XLKV": "true"})
+    ok = bool(d.get("transfer_verified")) and d.get("p", {}).get("cross_layer") is True \
+        and d.get("d", {}).get("cross_layer") is True
+    return d, ok, "%s MultiConnector, other side plain: %s" % (side[2], "exact, cross-layer" if ok else "FAILED")
+
+
+def _safety_multi_mixed(release, py, logs):
+    d = harness(py, logs, "multi-mixed", ["--case", "noncontig", "--d-connector", "multi-mixed"],
+                env={"ENABLE_XLKV": "true"})
+    text = _text(d)
+    ok = not d.get("transfer_verified") and ("NIXL handshake refused" in text or "hash mismatch" in text)
+    if _rel(release) < (0, 29):
+        ok = ok and "also runs" in text and d.get("d", {}).get("cross_layer") is False
+    named = "NIXL handshake refused" in text
+    return d, ok, "MultiConnector with a non-cross-layer child: %s" % (
+        ("refused (%s)" % ("xlkv names the cause" if named else "vLLM's hash check")) if ok else "NOT refused")
+
+
+def _safety_kernel(release, py, logs):
+    d = harness(py, logs, "kernel-block", ["--kernel-block-size", "16", "--p-block-size", "32", "--d-block-size", "32"],
+                env={"ENABLE_XLKV": "true"})
+    cases = (d.get("cases") or {}).values()
+    if _rel(release) >= (0, 29):
+        ok = bool(d.get("transfer_verified")) and d.get("cross_layer") is False and "is smaller than the KV block" in _text(d)
+        return d, ok, "kernel block 16 < block 32: %s" % ("stock layout + WARNING, exact" if ok else "FAILED")
+    ok = bool(d.get("transfer_verified")) and d.get("cross_layer") is True and cases and \
+        all(c.get("xfer_descs_per_block") == 2 for c in cases)
+    return d, ok, "kernel block 16 < block 32: %s" % ("exact, 2 descriptors per block" if ok else "FAILED")
+
+
+def _safety_over(release, py, logs):
+    d = harness(py, logs, "over-allocated", ["--over-allocate", "10"], env={"ENABLE_XLKV": "true"})
+    if _rel(release) >= (0, 29):
+        ok = not d.get("transfer_verified") and "vLLM cannot register this KV cache with NIXL" in _text(d)
+        return d, ok, "over-allocated tensors: %s" % ("refused with the cause" if ok else "NOT refused")
+    ok = bool(d.get("transfer_verified")) and (d.get("cases") or {}).get("virtual", {}).get("ok") is True
+    return d, ok, "over-allocated tensors: %s" % ("exact, blocks beyond the budget included" if ok else "FAILED")
+
+
+SAFETY = (("multiconnector", _safety_multi), ("multiconnector_mixed", _safety_multi_mixed),
+          ("kernel_block", _safety_kernel), ("over_allocated", _safety_over))
+
+
 def run_release(release, logs):
     logs = os.path.join(logs, release)
     os.makedirs(logs, exist_ok=True)
@@ -130,6 +192,17 @@ def run_release(release, logs):
         row["details"][name]["errors"] = [str(e)[:400] for e in d.get("errors") or []]
         row["details"][name]["cases"] = {c: v.get("ok") for c, v in (d.get("cases") or {}).items()}
     row["details"]["decode_only_refused"] = refused
+    safety_problems, safety_notes = [], []
+    for name, fn in SAFETY:
+        d, ok, note = fn(release, py, logs)
+        row["details"][name] = {k: d.get(k) for k in ("cross_layer", "num_regions", "descs_per_block",
+                                                     "transfer_verified", "_s")}
+        row["details"][name]["cases"] = {c: v.get("ok") for c, v in (d.get("cases") or {}).items()}
+        row["details"][name]["errors"] = [str(e)[:400] for e in d.get("errors") or []][:3]
+        row["details"][name]["as_expected"] = ok
+        row["details"][name]["note"] = note
+        (safety_notes if ok else safety_problems).append(note)
+    row["details"]["safety_cases_passed"] = "%d/%d" % (len(safety_notes), len(SAFETY))
     s, x = row["descriptors_per_block_stock"], row["descriptors_per_block_xlkv"]
     problems = []
     if not status.get("ok"):
@@ -142,10 +215,12 @@ def run_release(release, logs):
         problems.append("descriptors per block stock %s, xlkv %s" % (s, x))
     if not refused:
         problems.append("decode-only ENABLE_XLKV was not refused at handshake")
+    problems.extend(safety_problems)
     row["status"] = "fail" if problems else "pass"
     row["notes"] = "; ".join(problems) if problems else (
-        "cross-layer %s, %s region(s), %s B per block; decode-only flag refused at handshake"
-        % (xlkv.get("cross_layer"), xlkv.get("num_regions"), xlkv.get("block_len")))
+        "cross-layer %s, %s region(s), %s B per block; decode-only flag refused at handshake; safety cases %s"
+        % (xlkv.get("cross_layer"), xlkv.get("num_regions"), xlkv.get("block_len"),
+           row["details"]["safety_cases_passed"]))
     return row
 
 
