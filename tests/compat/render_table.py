@@ -28,6 +28,9 @@ def table(matrix):
     lines.append("")
     lines.append("Descriptors are for the harness model (4 layers: stock is one per layer and per K/V up to "
                  "0.25, one per layer from 0.26); a Qwen3-0.6B block costs 56 (≤0.25) or 28 descriptors stock. "
+                 "Safety cases (run_matrix.py, ENABLE_XLKV on both sides): NixlConnector in a MultiConnector on one "
+                 "side and plain on the other; a MultiConnector with a child that takes no cross-layer blocks; a "
+                 "16-token kernel block under 32-token blocks; tensors with 10 blocks more than the budget. "
                  "Produced by `%s`." % matrix.get("command", "tests/compat/run_matrix.py"))
     return "\n".join(lines)
 
