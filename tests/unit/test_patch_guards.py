@@ -67,6 +67,12 @@ def test_region_layout_compared_without_hash_on_0_12(release):
     release("0.12.0")
     with pytest.raises(XlkvMismatchError, match="ENABLE_XLKV unset there"):
         handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 0, 1), {})
+    # the per-layer side (ENABLE_XLKV set, stock layout kept) names the cause too
+    stock_side = worker(_xlkv_cross_layer=False, block_len_per_layer=[4096] * 8)
+    with pytest.raises(XlkvMismatchError, match="this engine registered 8 per-layer regions"):
+        handshake.validate_wrapper(ok, stock_side, (meta(kv_caches_base_addr=[1]), 0, 1), {})
+    assert handshake.validate_wrapper(ok, stock_side, (meta(kv_caches_base_addr=list(range(8))), 0, 1), {}) == \
+        "original ran"
     release("0.13.0")  # has a hash: left to the hash check
     assert handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 0, 1), {}) == \
         "original ran"

@@ -11,9 +11,9 @@ How
     re-raised as XlkvMismatchError naming what the remote runs (from the hashes
     compat_hash.py remembered) and the fix.  ``add_remote_agent`` (where a peer's
     metadata is first used; vLLM's own block-size and TP arithmetic runs inside it) is
-    wrapped to check block size and TP slicing before any of that runs, and (0.12,
-    which has no hash) to compare the region layout.  Only workers whose registered
-    layout is xlkv's cross-layer one are affected.
+    wrapped to check block size and TP slicing before any of that runs (only where this
+    worker registered xlkv's cross-layer layout), and on 0.12, which has no hash, to
+    compare the region layout on either side.
 vLLM versions
     ``_nixl_handshake`` 0.13-0.33; ``add_remote_agent`` 0.12-0.33 (owner:
     NixlConnectorWorker up to 0.23, NixlBaseConnectorWorker from 0.24).
@@ -115,12 +115,17 @@ def validate_wrapper(wrapped, instance, args, kwargs):
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "
                     "tensor-parallel size on both, or unset ENABLE_XLKV on both" % (remote_tp, local_tp,
                                                                                     decision.reason))
-        if rel < (0, 13, 0):  # no compatibility hash: compare the region layout directly
-            remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
-            local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
-            if remote_regions != local_regions:
+    if rel < (0, 13, 0):  # no compatibility hash: compare the region layout directly, on both sides
+        remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
+        local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
+        if remote_regions != local_regions:
+            if is_cross_layer(instance, rel):
                 raise XlkvMismatchError(
                     "xlkv_autopatch: NIXL handshake refused: this engine registered %d cross-layer region(s) (%s), "
                     "the remote engine %d per-layer regions (the stock layout: ENABLE_XLKV unset there). %s"
                     % (local_regions, XLKV, remote_regions, FIX))
+            raise XlkvMismatchError(
+                "xlkv_autopatch: NIXL handshake refused: this engine registered %d per-layer regions (%s), the remote "
+                "engine %d region(s) (xlkv's cross-layer layout, or another model). %s"
+                % (local_regions, LOCAL_PER_LAYER, remote_regions, FIX))
     return wrapped(*args, **kwargs)
