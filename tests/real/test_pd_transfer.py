@@ -174,7 +174,7 @@ def test_over_allocated_tensors(vllm_env, tmp_path):
         assert r["transfer_verified"] is False
         text = json.dumps(r["errors"])
         assert "vLLM cannot register this KV cache with NIXL in the block-outermost layout" in text, text[-3000:]
-        assert "cannot be partitioned into NIXL regions" in text and "VLLM_KV_CACHE_LAYOUT=LBHNC" in text
+        assert "VLLM_KV_CACHE_LAYOUT=LBHNC" in text
         return
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
     assert r["d"]["tensor_blocks"] == 50 and r["cross_layer"] is True

@@ -175,6 +175,16 @@ def test_block_counts_reconciled_before_registration(release):
     release("0.33.0")
     with pytest.raises(XlkvMismatchError, match="over-allocated"):
         block_count.register_wrapper(original, worker(num_blocks=64), ({"l0": _fa(96)},), {})
+    # 0.29+: vLLM's own registration assertions under xlkv's layout name the layout and the fix
+    def asserting(kv_caches):
+        raise AssertionError  # what a bare `assert` raises (pytest would rewrite one written here)
+
+    blnhc = worker(num_blocks=64, _xlkv_cross_layer=False, kv_cache_layout="BLNHC")
+    with pytest.raises(XlkvMismatchError, match="block-outermost layout .*failed: raise AssertionError"):
+        block_count.register_wrapper(asserting, blnhc, ({"l0": _fa(64)},), {})
+    with pytest.raises(AssertionError):  # the stock layout: vLLM's error as it is
+        block_count.register_wrapper(asserting, worker(num_blocks=64, _xlkv_cross_layer=False, kv_cache_layout="LBHNC"),
+                                     ({"l0": _fa(64)},), {})
     # 0.29+ views in logical blocks of 2 kernel blocks each: the worker counts 128 kernel blocks
     w = worker(num_blocks=128, _physical_blocks_per_logical_kv_block=2)
     assert block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(64)},), {}) == "registered"

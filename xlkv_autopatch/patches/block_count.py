@@ -17,8 +17,9 @@ How
     regions disagree or hold fewer blocks than the budget; on 0.18-0.28, where both counts live in
     ``num_blocks`` / ``_logical_num_blocks``, raises them to the tensors' real count
     (INFO line); on 0.29+ (per-layer counts come from the KV cache config) refuses
-    over-allocation instead.  vLLM's own assertion that a block-outermost view cannot be
-    partitioned (0.29+) is re-raised naming the layout and the fix.  After registration it
+    over-allocation instead.  An assertion of vLLM's own registration under xlkv's
+    block-outermost layout (0.29+: e.g. a view it cannot partition into NIXL regions) is
+    re-raised naming the layout, the failed check and the fix.  After registration it
     logs the regions and descriptors per block once.
 vLLM versions
     0.12-0.33 (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
@@ -27,6 +28,7 @@ Removal
 """
 
 import logging
+import traceback
 
 from .. import layout
 from ..errors import XlkvMismatchError
@@ -56,6 +58,14 @@ def region_block_counts(kv_caches):
                 return {}  # not a tensor layout this check understands (Mamba states)
             counts["%s[%d]" % (name, i)] = int(shape[0])
     return counts
+
+
+def _assertion_text(err):
+    """vLLM's assertion message, or the failing ``assert`` line when it has none."""
+    if str(err):
+        return str(err)
+    frames = traceback.extract_tb(err.__traceback__)
+    return "failed: %s" % (frames[-1].line if frames and frames[-1].line else "assertion without a message")
 
 
 def register_wrapper(wrapped, instance, args, kwargs):
@@ -93,10 +103,11 @@ def register_wrapper(wrapped, instance, args, kwargs):
     try:
         result = wrapped(*args, **kwargs)
     except AssertionError as e:
-        if rel >= (0, 29, 0) and "cannot be partitioned into NIXL regions" in str(e) and is_cross_layer(instance, rel):
+        if rel >= (0, 29, 0) and is_cross_layer(instance, rel):
             raise XlkvMismatchError(
                 "xlkv_autopatch: vLLM cannot register this KV cache with NIXL in the block-outermost layout xlkv "
-                "asked for (%s). Fix: set VLLM_KV_CACHE_LAYOUT=LBHNC (the stock layout) or unset ENABLE_XLKV" % e) from e
+                "asked for (%s). Fix: set VLLM_KV_CACHE_LAYOUT=LBHNC (the stock layout) or unset ENABLE_XLKV"
+                % _assertion_text(e)) from e
         raise
     regions = getattr(instance, "num_regions", None)
     blocks = getattr(instance, "num_blocks", None)
