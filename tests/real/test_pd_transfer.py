@@ -122,9 +122,9 @@ def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, 
     # MultiConnector(NixlConnector, example storage connector) on decode, plain NixlConnector on
     # prefill: never a transfer. 0.12-0.28: the MultiConnector side keeps the stock layout (its
     # other child takes no cross-layer blocks) and says so in a WARNING; the handshake is refused,
-    # by xlkv with the cause named where the two hashes differ only by the layout (0.13-0.15) or,
+    # by xlkv with the cause named where the two hashes differ only by the layout (0.13-0.21) or,
     # without a hash, where the registered regions differ (0.12); otherwise by vLLM's own hash
-    # check (0.16+ also hash whether the hybrid KV manager is on, which the example connector
+    # check (0.22+ also hash whether the hybrid KV manager is on, which the example connector
     # turns off: stock vLLM refuses this pairing too).
     r = harness(vllm_env[1], tmp_path, "multi_mixed", "--case", "noncontig", "--d-connector", "multi-mixed",
                 env={"ENABLE_XLKV": "true"})
@@ -135,7 +135,7 @@ def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, 
         assert "also runs ExampleConnector" in text or "also runs SharedStorageConnector" in text, text[-3000:]
     if _release(vllm_env) < (0, 13):  # no hash: xlkv compares the registered regions
         assert "NIXL handshake refused: this engine registered 8 per-layer regions" in text, text[-3000:]
-    elif _release(vllm_env) < (0, 16):
+    elif _release(vllm_env) < (0, 22):
         assert "NIXL handshake refused: this kv_both engine runs the stock per-layer KV layout" in text, text[-3000:]
         assert "remote engine runs xlkv's cross-layer KV layout" in text
     else:
