@@ -64,6 +64,10 @@ def test_flag_on_prefill_only_never_transfers(vllm_env, tmp_path):
     assert ("compatibility hash mismatch" in text) or ("kv_cache_layout" in text), text[-3000:]
 
 
+def _shim_log(r):
+    return json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
+
+
 def _release(vllm_env):
     return tuple(int(x) for x in vllm_env[0].split(".")[:2])
 
@@ -81,7 +85,7 @@ def test_block_size_mismatch_is_refused(vllm_env, tmp_path):
 def test_host_buffer_mode_keeps_the_stock_layout_with_a_warning(vllm_env, tmp_path):
     r = harness(vllm_env[1], tmp_path, "host_buffer", "--case", "noncontig", "--kv-buffer-device", "cpu",
                 env={"ENABLE_XLKV": "true"})
-    shim_log = json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
+    shim_log = _shim_log(r)
     assert "the stock per-layer KV layout is kept: host-buffer mode" in shim_log, shim_log[-3000:]
     assert r["cross_layer"] is False
     strict = harness(vllm_env[1], tmp_path, "host_buffer_strict", "--case", "noncontig", "--kv-buffer-device",
@@ -96,10 +100,6 @@ def test_v1_model_runner_forced_where_v2_is_the_default(vllm_env, stock, xlkv):
     assert stock["p"]["use_v2_model_runner"] is True
     assert xlkv["p"]["use_v2_model_runner"] is False
     assert "using the V1 model runner" in json.dumps(xlkv["p"].get("xlkv_log")) + xlkv["_log"]
-
-
-def _shim_log(r):
-    return json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
 
 
 def test_multiconnector_and_plain_nixlconnector_make_the_same_decision(vllm_env, tmp_path):

@@ -90,7 +90,8 @@ def validate_wrapper(wrapped, instance, args, kwargs):
     meta, _rank, remote_tp = bind(args, kwargs, "nixl_agent_meta", "remote_tp_rank", "remote_tp_size")
     remote_tp = 1 if remote_tp is None else remote_tp  # the signature's default
     rel = release()
-    if is_cross_layer(instance, rel):
+    cross = is_cross_layer(instance, rel)
+    if cross:
         local_bs = getattr(instance, "block_size", None)
         remote_bs = getattr(meta, "block_size", None)
         if local_bs is not None and remote_bs is not None and local_bs != remote_bs:
@@ -119,7 +120,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
         local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
         if remote_regions != local_regions:
-            if is_cross_layer(instance, rel):
+            if cross:
                 raise XlkvMismatchError(
                     "xlkv_autopatch: NIXL handshake refused: this engine registered %d cross-layer region(s) (%s), "
                     "the remote engine %d per-layer regions (the stock layout: ENABLE_XLKV unset there). %s"
