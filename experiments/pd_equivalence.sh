@@ -14,9 +14,16 @@
 # Prefix caching is off here (EQ_SERVE_ARGS): otherwise D would serve (b) from the blocks
 # it cached during (a), and no KV would move at all.
 #
+# EQ_BATCH_INVARIANT=1 starts every server with VLLM_BATCH_INVARIANT=1 (vLLM's deterministic
+# kernels: no split-KV attention, no split-K GEMMs).  Without it, vLLM's own P/D path can differ
+# from local prefill on a random-weight model, stock included: D computes the last prompt
+# token over transferred KV with a different reduction order than one whole prefill, and
+# greedy decoding flips on a near-tie (seen at the 2049-token prompt on 0.21.0 and 0.26.0).
+#
 # env: MODEL, EQ_CONFIGS, EQ_LENGTHS=5,17,100,1000,2049,4097, EQ_MAX_TOKENS=32,
 #      PROBE_LEN=1600, EQ_JSON (summary path; default $WORK/equivalence.json),
-#      EQ_SERVE_ARGS="--no-enable-prefix-caching", plus everything lib.sh reads.
+#      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=0,
+#      plus everything lib.sh reads.
 # exit: 0 pass, 1 fail, 2 set-up problem, 3 no GPU (CPU checks only), 4 release unsupported.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -27,6 +34,12 @@ EQ_MAX_TOKENS=${EQ_MAX_TOKENS:-32}
 PROBE_LEN=${PROBE_LEN:-1600}
 EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
 SERVE_EXTRA_ARGS="${EQ_SERVE_ARGS---no-enable-prefix-caching} $SERVE_EXTRA_ARGS"
+EQ_BATCH_INVARIANT=${EQ_BATCH_INVARIANT:-0}
+case "$EQ_BATCH_INVARIANT" in
+  1) export VLLM_BATCH_INVARIANT=1 ;;   # the servers inherit it
+  0) unset VLLM_BATCH_INVARIANT ;;
+  *) echo "EQ_BATCH_INVARIANT must be 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
+esac
 
 setup_env
 install_traps
@@ -74,9 +87,9 @@ for cfg in "${run_configs[@]}"; do
   stop_all
 done
 
-meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "date": "%s"}' \
+meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "date": "%s"}' \
   "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
-  "$(echo $SERVE_EXTRA_ARGS)" "$(date -u +%FT%TZ)")
+  "$(echo $SERVE_EXTRA_ARGS)" "$([ "$EQ_BATCH_INVARIANT" = 1 ] && echo true || echo false)" "$(date -u +%FT%TZ)")
 rc=0
 "$PY" "$EXP_DIR/pdtools.py" equiv-summary --out "$EQ_JSON" --lengths "$EQ_LENGTHS" --meta "$meta" \
   "${probe_args[@]}" "${run_files[@]}" || rc=$?

@@ -549,8 +549,11 @@ def summarize_equivalence(runs, probes, lengths):
 
 def render_equivalence(summary):
     lines = ["=" * 78, "P/D equivalence: greedy token ids, prompts of %s tokens" % summary["prompt_lengths"],
-             "baseline = %s (local prefill on the decode instance)" % summary["baseline"], "-" * 78,
-             "%-22s %-18s %s" % ("run", "vs baseline", "id method")]
+             "baseline = %s (local prefill on the decode instance)" % summary["baseline"]]
+    if "batch_invariant" in summary:
+        lines.append("kernels: %s" % ("VLLM_BATCH_INVARIANT=1 (deterministic)" if summary["batch_invariant"]
+                                      else "vLLM defaults (VLLM_BATCH_INVARIANT unset)"))
+    lines += ["-" * 78, "%-22s %-18s %s" % ("run", "vs baseline", "id method")]
     for r in summary["runs"]:
         lines.append("%-22s %-18s %s" % (r["label"], "baseline" if r["label"] == summary["baseline"]
                                          else ("IDENTICAL" if r["identical_to_baseline"] else "DIFFERENT"), r["method"]))
