@@ -14,15 +14,19 @@
 # Prefix caching is off here (EQ_SERVE_ARGS): otherwise D would serve (b) from the blocks
 # it cached during (a), and no KV would move at all.
 #
-# EQ_BATCH_INVARIANT=1 starts every server with VLLM_BATCH_INVARIANT=1 (vLLM's deterministic
-# kernels: no split-KV attention, no split-K GEMMs).  Without it, vLLM's own P/D path can differ
-# from local prefill on a random-weight model, stock included: D computes the last prompt
-# token over transferred KV with a different reduction order than one whole prefill, and
-# greedy decoding flips on a near-tie (seen at the 2049-token prompt on 0.21.0 and 0.26.0).
+# Kernels: EQ_BATCH_INVARIANT=auto (default) starts every server with VLLM_BATCH_INVARIANT=1
+# when the staged vLLM knows that variable (0.12+): vLLM's deterministic kernels (no split-KV
+# attention, no split-K GEMMs), so one token's result does not depend on how it was batched.
+# Without it, vLLM's own P/D path can differ from local prefill, stock included: D computes
+# the last prompt token over transferred KV in another reduction order than one whole prefill,
+# and greedy decoding of a random-weight model flips on a near-tie (seen at the 2049-token
+# prompt on 0.21.0 and 0.26.0; with VLLM_BATCH_INVARIANT=1 on 0.26.0 every run is identical).
+# EQ_BATCH_INVARIANT=0 keeps vLLM's default kernels; then "pd:shim vs pd:stock" is the check
+# that isolates the shim.  EQ_BATCH_INVARIANT=1 insists (exit 2 if vLLM does not know it).
 #
 # env: MODEL, EQ_CONFIGS, EQ_LENGTHS=5,17,100,1000,2049,4097, EQ_MAX_TOKENS=32,
 #      PROBE_LEN=1600, EQ_JSON (summary path; default $WORK/equivalence.json),
-#      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=0,
+#      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=auto|1|0,
 #      plus everything lib.sh reads.
 # exit: 0 pass, 1 fail, 2 set-up problem, 3 no GPU (CPU checks only), 4 release unsupported.
 set -euo pipefail
@@ -34,11 +38,9 @@ EQ_MAX_TOKENS=${EQ_MAX_TOKENS:-32}
 PROBE_LEN=${PROBE_LEN:-1600}
 EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
 SERVE_EXTRA_ARGS="${EQ_SERVE_ARGS---no-enable-prefix-caching} $SERVE_EXTRA_ARGS"
-EQ_BATCH_INVARIANT=${EQ_BATCH_INVARIANT:-0}
-case "$EQ_BATCH_INVARIANT" in
-  1) export VLLM_BATCH_INVARIANT=1 ;;   # the servers inherit it
-  0) unset VLLM_BATCH_INVARIANT ;;
-  *) echo "EQ_BATCH_INVARIANT must be 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
+EQ_BATCH_INVARIANT=${EQ_BATCH_INVARIANT:-auto}
+case "$EQ_BATCH_INVARIANT" in auto|0|1) ;;
+  *) echo "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
 esac
 
 setup_env
@@ -47,6 +49,21 @@ require_gpus_or_cpu_checks
 require_vllm
 ensure_model
 rm -f "$WORK"/eq-*.json "$WORK"/eq-*.log "$COMMANDS_FILE"
+
+# Deterministic kernels when the release has them (see the header); the servers inherit it.
+unset VLLM_BATCH_INVARIANT
+BI_KNOWN=$("$PY" "$EXP_DIR/pdtools.py" batch-invariant 2>/dev/null || true)
+if [ "$EQ_BATCH_INVARIANT" = 0 ]; then
+  log "kernels: vLLM defaults (EQ_BATCH_INVARIANT=0)"
+elif [ "$BI_KNOWN" = yes ]; then
+  export VLLM_BATCH_INVARIANT=1; EQ_BATCH_INVARIANT=1
+  log "kernels: VLLM_BATCH_INVARIANT=1 (deterministic; EQ_BATCH_INVARIANT=0 for vLLM's defaults)"
+elif [ "$EQ_BATCH_INVARIANT" = 1 ]; then
+  die "$EXIT_SETUP" "EQ_BATCH_INVARIANT=1, but vLLM $VLLM_VERSION does not know VLLM_BATCH_INVARIANT (it would be ignored). Use EQ_BATCH_INVARIANT=0."
+else
+  EQ_BATCH_INVARIANT=0
+  log "kernels: vLLM defaults (vLLM $VLLM_VERSION has no VLLM_BATCH_INVARIANT)"
+fi
 
 # The shim must support this release, otherwise say so (with its own status output).
 run_configs=()

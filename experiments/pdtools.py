@@ -695,6 +695,37 @@ def cmd_merge(a):
     print("%s: %d cells" % (a.out, len(doc["cells"])))
 
 
+BATCH_INVARIANT_FILES = ("envs.py", "model_executor/layers/batch_invariant.py")
+
+
+def vllm_has_batch_invariant(pkg_dir):
+    """Does the vLLM package in pkg_dir read VLLM_BATCH_INVARIANT?  (0.12-0.17 read it in
+    model_executor/layers/batch_invariant.py, later releases in envs.py; 0.11 and older do
+    not know it and would ignore it silently.)  Reads the sources; does not import vLLM."""
+    for rel in BATCH_INVARIANT_FILES:
+        path = os.path.join(pkg_dir, rel)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if '"VLLM_BATCH_INVARIANT"' in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def cmd_batch_invariant(a):
+    pkg = a.vllm_dir
+    if not pkg:
+        import importlib.util
+        spec = importlib.util.find_spec("vllm")     # locates the package without running it
+        if spec is None or not spec.submodule_search_locations:
+            print("no"); return 1
+        pkg = list(spec.submodule_search_locations)[0]
+    ok = vllm_has_batch_invariant(pkg)
+    print("yes" if ok else "no")
+    return 0 if ok else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -766,6 +797,9 @@ def main(argv=None):
     s = sub.add_parser("gpu-slug")
     s.add_argument("names", nargs="*")
 
+    s = sub.add_parser("batch-invariant", help="prints yes/no: does this vLLM know VLLM_BATCH_INVARIANT?")
+    s.add_argument("--vllm-dir", help="the vllm package folder (default: the importable one)")
+
     a = p.parse_args(argv)
     if a.cmd == "prompt":
         print(prompt_text(a.n, a.seed))
@@ -788,6 +822,8 @@ def main(argv=None):
     elif a.cmd == "gpu-slug":
         names = a.names or [l for l in sys.stdin.read().splitlines()]
         print(gpu_slug(names))
+    elif a.cmd == "batch-invariant":
+        return cmd_batch_invariant(a)
     return 0
 
 

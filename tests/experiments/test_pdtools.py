@@ -359,3 +359,23 @@ def test_equivalence_summary_pd_vs_pd_stock():
     assert s["token_ids"]["pd:shim"]["2049"] == [2049, 9, 9]
     text = pdtools.render_equivalence(s)
     assert "pd:shim vs pd:stock: IDENTICAL" in text
+
+
+def test_vllm_has_batch_invariant_reads_the_sources(tmp_path):
+    pkg = tmp_path / "vllm"
+    (pkg / "model_executor" / "layers").mkdir(parents=True)
+    assert not pdtools.vllm_has_batch_invariant(str(pkg))           # 0.11-like: neither file knows it
+    (pkg / "envs.py").write_text('environment_variables = {"VLLM_HOST_IP": None}\n')
+    assert not pdtools.vllm_has_batch_invariant(str(pkg))
+    (pkg / "model_executor" / "layers" / "batch_invariant.py").write_text(
+        'val = os.getenv("VLLM_BATCH_INVARIANT", "0")\n')              # 0.12-0.17 read it there
+    assert pdtools.vllm_has_batch_invariant(str(pkg))
+    os.remove(pkg / "model_executor" / "layers" / "batch_invariant.py")
+    (pkg / "envs.py").write_text('environment_variables = {"VLLM_BATCH_INVARIANT": None}\n')  # later releases
+    assert pdtools.vllm_has_batch_invariant(str(pkg))
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "batch-invariant", "--vllm-dir", str(pkg)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "yes"
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "batch-invariant", "--vllm-dir",
+                        str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout.strip() == "no"

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
 
@@ -149,6 +150,21 @@ def test_vllm_missing_is_a_setup_error(tmp_path):
     assert r.returncode == 2 and "vLLM is not importable" in r.stderr
 
 
+def test_batch_invariant_insisted_on_a_release_without_it_is_a_setup_error(tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(HERE, "fake_vllm"), site)
+    os.remove(site / "vllm" / "envs.py")          # this "release" does not know the variable
+    e = _env(tmp_path, SITE=str(site), EQ_BATCH_INVARIANT="1", EQ_CONFIGS="stock")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "does not know VLLM_BATCH_INVARIANT" in r.stderr and "EQ_BATCH_INVARIANT=0" in r.stderr
+    e["EQ_BATCH_INVARIANT"] = "maybe"
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert r.returncode == 2 and "must be auto, 0 or 1" in r.stderr
+
+
 aiohttp_needed = pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import aiohttp"]).returncode != 0,
                                     reason="aiohttp missing (the proxy and the fake vLLM need it)")
 
@@ -168,6 +184,10 @@ def test_equivalence_end_to_end_with_fake_vllm(tmp_path):
     assert s["configs"]["shim"]["blocks_per_transfer"] == pytest.approx(100)  # PROBE_LEN 1600 / 16
     assert s["vllm_version"] == "0.21.0" and s["gpu"] == "2xH200"
     assert "IDENTICAL" in r.stdout and "=> PASS" in r.stdout
+    # EQ_BATCH_INVARIANT=auto: the (fake) release knows the variable, so every server got it
+    assert s["batch_invariant"] is True and "VLLM_BATCH_INVARIANT=1 (deterministic)" in r.stdout
+    for f in ("eq-stock-p.log", "eq-stock-d.log", "eq-shim-p.log", "eq-shim-d.log"):
+        assert "VLLM_BATCH_INVARIANT=1" in (tmp_path / "work" / f).read_text(), f
     # servers are gone afterwards
     assert _lib("port_in_use %s || port_in_use %s" % (e["PORT_P"], e["PORT_D"])).returncode == 1
 

@@ -56,6 +56,7 @@ def serve(argv):
     if shim:
         per_block = int(os.environ.get("FAKE_SHIM_DESC", "1"))
     interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
+    print("INFO fake vllm serve: VLLM_BATCH_INVARIANT=%s" % os.environ.get("VLLM_BATCH_INVARIANT", "<unset>"), flush=True)
     print("INFO [cuda.py:373] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].",
           flush=True)
     if shim:

@@ -1,0 +1,6 @@
+"""Fake vllm.envs: only what experiments/pdtools.py looks for (the name of the variable)."""
+import os
+
+environment_variables = {
+    "VLLM_BATCH_INVARIANT": lambda: bool(int(os.getenv("VLLM_BATCH_INVARIANT", "0"))),
+}
