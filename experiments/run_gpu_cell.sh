@@ -29,7 +29,9 @@ export RESULT_DIR=${RESULT_DIR:-/tmp/xlkv-results}
 OUT=${OUT:-$WORK/out}
 mkdir -p "$WORK" "$RESULT_DIR" "$OUT"
 CONSOLE="$WORK/console-$(date +%H%M%S).txt"
-exec > >(tee "$CONSOLE") 2>&1
+# tee runs in its own session: when `timeout` ends this call it signals its whole process
+# group, and a dead tee would make the trap below die of SIGPIPE before it copies anything.
+exec > >(exec setsid tee "$CONSOLE") 2>&1
 
 site_version() {
   PYTHONPATH="$SITE" python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || true
@@ -54,6 +56,8 @@ require_staged() {
 collect() {
   local rc=$?
   set +e
+  trap '' PIPE                         # never die half-way through copying (see tee above)
+  [ $rc -eq 0 ] || echo "run_gpu_cell: stopped with exit $rc at $(date -u +%TZ)"
   # shellcheck source=lib.sh
   ( source "$HERE/lib.sh" && collect_log_tails "$OUT/logtails.txt" ) 2>/dev/null
   # the lines that matter from the whole of every server log (not only the tails): the
@@ -63,11 +67,13 @@ collect() {
   cp "$RESULT_DIR"/*.json "$OUT/" 2>/dev/null
   cp "$RESULT_DIR"/*.md "$RESULT_DIR"/*.png "$OUT/" 2>/dev/null
   [ -f "$WORK/pd_harness.json" ] && cp "$WORK/pd_harness.json" "$OUT/"
-  echo "run_gpu_cell: exit $rc; files in \$OUT: $(cd "$OUT" && ls | xargs)"
-  sleep 0.2; cp "$CONSOLE" "$OUT/console.txt" 2>/dev/null
+  echo "run_gpu_cell: exit $rc; files in \$OUT: $(cd "$OUT" && ls | xargs) console.txt"
+  sleep 0.3; cp "$CONSOLE" "$OUT/console.txt" 2>/dev/null
   exit $rc
 }
 trap collect EXIT
+trap "exit 143" TERM   # so collect() sees a non-zero status when `timeout` stops the call
+trap "exit 130" INT
 
 for step in "$@"; do
   echo "===== step: $step ($(date -u +%TZ)) ====="

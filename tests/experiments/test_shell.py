@@ -227,3 +227,22 @@ def test_bench_end_to_end_with_fake_vllm(tmp_path):
     assert cells["stock"]["descriptors_per_block"] == pytest.approx(56)
     assert cells["native"]["descriptors_per_block"] == pytest.approx(1)
     assert os.path.exists(str(res)[:-5] + ".md")
+
+
+def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
+    """`timeout` signals the whole process group, tee included; the trap must still copy the
+    console and the log extracts into $OUT (a device call returns only what is there)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nsleep 30\n")   # the status step hangs
+    (fake / "nvidia-smi").chmod(0o755)
+    e = dict(os.environ, PATH=str(fake) + os.pathsep + os.environ["PATH"], OUT=str(tmp_path / "out"),
+             WORK=str(tmp_path / "work"), RESULT_DIR=str(tmp_path / "res"))
+    r = subprocess.run(["timeout", "3", "bash", os.path.join(EXP, "run_gpu_cell.sh"), "status"],
+                       capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode == 124
+    out = tmp_path / "out"
+    assert {"console.txt", "loggrep.txt", "logtails.txt"} <= set(os.listdir(out))
+    console = (out / "console.txt").read_text()
+    assert "===== step: status" in console and "stopped with exit 143" in console
+    assert "run_gpu_cell: exit 143" in r.stdout
