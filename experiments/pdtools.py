@@ -34,6 +34,7 @@ Background on the numbers (read from vLLM 0.21.0 / 0.26.0 sources):
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -716,7 +717,6 @@ def vllm_has_batch_invariant(pkg_dir):
 def cmd_batch_invariant(a):
     pkg = a.vllm_dir
     if not pkg:
-        import importlib.util
         spec = importlib.util.find_spec("vllm")     # locates the package without running it
         if spec is None or not spec.submodule_search_locations:
             print("no"); return 1
