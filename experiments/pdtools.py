@@ -692,8 +692,17 @@ def cmd_merge(a):
     if os.path.exists(a.out) and a.out not in a.inputs:
         docs.insert(0, json.load(open(a.out)))
     doc = merge_results(docs)
+    # which equivalence summaries decided equivalence_pass: the one a bench call found on its
+    # machine (equivalence_file) and any summary given here (a document without cells)
+    names = [d["equivalence_file"] for d in docs if d.get("equivalence_file")]
+    names += [os.path.basename(p) for p, d in zip(a.inputs, docs[len(docs) - len(a.inputs):])
+              if "cells" not in d]
+    names += doc.get("equivalence_files", [])
+    if names:
+        doc["equivalence_files"] = sorted(set(names))
     json.dump(doc, open(a.out, "w"), indent=1, sort_keys=True)
-    print("%s: %d cells" % (a.out, len(doc["cells"])))
+    print("%s: %d cells%s" % (a.out, len(doc["cells"]), "; equivalence from " + ", ".join(
+        doc["equivalence_files"]) if names else ""))
 
 
 BATCH_INVARIANT_FILES = ("envs.py", "model_executor/layers/batch_invariant.py")

@@ -80,11 +80,19 @@ def _f(x, fmt="%.0f"):
     return "—" if x is None else fmt % x
 
 
+def _eq_source(doc):
+    """ ' (file, ...)': the equivalence summaries behind equivalence_pass, where the document names them."""
+    if doc.get("equivalence_pass") is None:
+        return ""
+    files = doc.get("equivalence_files") or ([doc["equivalence_file"]] if doc.get("equivalence_file") else [])
+    return " (%s)" % ", ".join(files) if files else ""
+
+
 def markdown(doc):
     head = ["## P/D TTFT: vLLM %s on %s" % (doc.get("vllm_version") or "?", doc.get("gpu") or "?"), ""]
     eq = doc.get("equivalence_pass")
     head.append("Greedy-output equivalence (pd_equivalence.sh): %s" % (
-        {True: "PASS", False: "**FAIL**", None: "not run / not given"}[eq]))
+        {True: "PASS", False: "**FAIL**", None: "not run / not given"}[eq]) + _eq_source(doc))
     head.append("")
     lines = ["| input len × prompts | config | reps | mean TTFT ms (mean ± std) | min–max | median TTFT ms "
              "| p99 TTFT ms | mean ITL ms | total tok/s | desc/block | stock/config TTFT |",
@@ -137,7 +145,8 @@ def plot(doc, path):
     ax.set_xticks(range(len(lens)))
     ax.set_xticklabels(["%d tokens" % L for L in lens])
     ax.set_ylabel("mean TTFT (ms)")
-    ax.set_title("P/D mean TTFT, vLLM %s, %s (bars: mean over reps, whiskers: min-max)"
+    # two lines: a plot with one input length is narrow, and one long line would be cut off
+    ax.set_title("P/D mean TTFT, vLLM %s, %s\n(bars: mean over reps, whiskers: min-max)"
                  % (doc.get("vllm_version") or "?", doc.get("gpu") or "?"), fontsize=9)
     ax.legend()
     fig.tight_layout()

@@ -64,8 +64,17 @@ collect() {
   # shim's own messages, NIXL registration/descriptor numbers, the backend, errors
   grep -H -n -E "xlkv_autopatch|KV Transfer metrics|descriptor|[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR" \
     "$WORK"/eq-*.log "$WORK"/bench-*-[pd].log 2>/dev/null | cut -c1-600 | head -n 3000 > "$OUT/loggrep.txt"
-  cp "$RESULT_DIR"/*.json "$OUT/" 2>/dev/null
-  cp "$RESULT_DIR"/*.md "$RESULT_DIR"/*.png "$OUT/" 2>/dev/null
+  # only the staged release's results: the device tool returns a limited number of files, and
+  # a second release's files would crowd out the logs (seen in the fourth session)
+  local ver f n other=""
+  ver=$(site_version)
+  for f in "$RESULT_DIR"/*.json "$RESULT_DIR"/*.md "$RESULT_DIR"/*.png; do
+    [ -f "$f" ] || continue
+    n=$(basename "$f")
+    if [ -z "$ver" ] || [[ "$n" == *-"$ver"-* || "$n" == *-"$ver".json ]]; then cp "$f" "$OUT/"
+    else other="$other $n"; fi
+  done
+  [ -z "$other" ] || echo "run_gpu_cell: kept on the machine (not vLLM $ver):$other"
   [ -f "$WORK/pd_harness.json" ] && cp "$WORK/pd_harness.json" "$OUT/"
   echo "run_gpu_cell: exit $rc; files in \$OUT: $(cd "$OUT" && ls | xargs) console.txt"
   sleep 0.3; cp "$CONSOLE" "$OUT/console.txt" 2>/dev/null

@@ -275,6 +275,15 @@ def test_merge_and_bench_cell_cli(tmp_path):
     subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "merge", "--out", str(merged), str(out),
                     str(other)], check=True, capture_output=True)
     assert sorted(c["config"] for c in json.loads(merged.read_text())["cells"]) == ["shim", "stock"]
+    assert json.loads(merged.read_text())["equivalence_files"] == ["eq.json"]  # from the bench call
+    # a failed equivalence summary given to merge fails the document, and is named in it
+    eq_bad = tmp_path / "equivalence-bad.json"
+    eq_bad.write_text(json.dumps({"equivalence_pass": False, "vllm_version": "0.21.0", "gpu": "2xH200"}))
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "merge", "--out", str(merged),
+                        str(eq_bad)], check=True, capture_output=True, text=True)
+    m = json.loads(merged.read_text())
+    assert m["equivalence_pass"] is False and m["equivalence_files"] == ["eq.json", "equivalence-bad.json"]
+    assert "equivalence-bad.json" in r.stdout
 
 
 def test_bench_cell_ignores_equivalence_of_another_release(tmp_path):

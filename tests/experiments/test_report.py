@@ -61,6 +61,10 @@ def test_markdown_table(doc):
     assert "- 1024 tokens: stock/shim 1.01×" in md  # 830 / 820
     doc["equivalence_pass"] = False
     assert "**FAIL**" in report.markdown(doc)
+    doc["equivalence_files"] = ["equivalence-0.21.0.json", "eq-b.json"]
+    assert "(pd_equivalence.sh): **FAIL** (equivalence-0.21.0.json, eq-b.json)" in report.markdown(doc)
+    doc["equivalence_pass"] = None  # nothing to name when no summary decided it
+    assert "(pd_equivalence.sh): not run / not given\n" in report.markdown(doc)
 
 
 def test_cli_writes_markdown_and_png(tmp_path, doc):

@@ -246,3 +246,33 @@ def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
     console = (out / "console.txt").read_text()
     assert "===== step: status" in console and "stopped with exit 143" in console
     assert "run_gpu_cell: exit 143" in r.stdout
+
+
+def test_run_gpu_cell_returns_only_the_staged_releases_results(tmp_path):
+    """With two releases staged on one machine, only the results of the one in $SITE go to
+    $OUT (the device tool returns a limited number of files; the logs must fit)."""
+    site = tmp_path / "site"
+    dist = site / "vllm-0.26.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    res = tmp_path / "res"
+    res.mkdir()
+    names = ["2026-11-22-0.21.0-2xH200.json", "2026-11-22-0.21.0-2xH200.md", "equivalence-0.21.0.json",
+             "2026-11-22-0.26.0-2xH200.json", "2026-11-22-0.26.0-2xH200.png", "equivalence-0.26.0.json",
+             "2026-11-22-0.26.0.1-2xH200.json"]
+    for n in names:
+        (res / n).write_text("{}")
+    e = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), RESULT_DIR=str(res),
+             SITE=str(site))
+    r = subprocess.run(["bash", os.path.join(EXP, "run_gpu_cell.sh"), "no-such-step"],
+                       capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode == 2
+    got = set(os.listdir(tmp_path / "out")) - {"console.txt", "loggrep.txt", "logtails.txt"}
+    assert got == {"2026-11-22-0.26.0-2xH200.json", "2026-11-22-0.26.0-2xH200.png", "equivalence-0.26.0.json"}
+    assert "kept on the machine (not vLLM 0.26.0): 2026-11-22-0.21.0-2xH200.json" in r.stdout
+    # nothing staged: everything comes back, as before
+    e["SITE"] = str(tmp_path / "empty")
+    e["OUT"] = str(tmp_path / "out2")
+    subprocess.run(["bash", os.path.join(EXP, "run_gpu_cell.sh"), "no-such-step"], capture_output=True, env=e,
+                   timeout=60)
+    assert set(names) <= set(os.listdir(tmp_path / "out2"))
