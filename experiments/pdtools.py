@@ -688,21 +688,23 @@ def cmd_bench_cell(a):
 
 
 def cmd_merge(a):
-    docs = [json.load(open(p)) for p in a.inputs]
+    named = [(os.path.basename(p), json.load(open(p))) for p in a.inputs]
+    docs = [d for _, d in named]
     if os.path.exists(a.out) and a.out not in a.inputs:
         docs.insert(0, json.load(open(a.out)))
     doc = merge_results(docs)
-    # which equivalence summaries decided equivalence_pass: the one a bench call found on its
-    # machine (equivalence_file) and any summary given here (a document without cells)
-    names = [d["equivalence_file"] for d in docs if d.get("equivalence_file")]
-    names += [os.path.basename(p) for p, d in zip(a.inputs, docs[len(docs) - len(a.inputs):])
-              if "cells" not in d]
-    names += doc.get("equivalence_files", [])
+    # which equivalence summaries decided equivalence_pass: those named in the documents (a
+    # bench call's equivalence_file) and any summary given here (a document without cells)
+    names = {n for n, d in named if "cells" not in d}
+    for d in docs:
+        names.update(d.get("equivalence_files", []))
+        if d.get("equivalence_file"):
+            names.add(d["equivalence_file"])
     if names:
-        doc["equivalence_files"] = sorted(set(names))
+        doc["equivalence_files"] = sorted(names)
     json.dump(doc, open(a.out, "w"), indent=1, sort_keys=True)
-    print("%s: %d cells%s" % (a.out, len(doc["cells"]), "; equivalence from " + ", ".join(
-        doc["equivalence_files"]) if names else ""))
+    source = "; equivalence from " + ", ".join(sorted(names)) if names else ""
+    print("%s: %d cells%s" % (a.out, len(doc["cells"]), source))
 
 
 BATCH_INVARIANT_FILES = ("envs.py", "model_executor/layers/batch_invariant.py")
