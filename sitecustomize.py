@@ -14,8 +14,8 @@ XLKV_AUTOPATCH_SITECUSTOMIZE = True
 
 
 def _activate():
-    if os.environ.get("ENABLE_XLKV", "").strip().lower() not in ("1", "true", "yes", "on"):
-        return
+    if os.environ.get("ENABLE_XLKV", "").strip().lower() in ("", "0", "false", "no", "off"):
+        return  # the flag is off: import nothing (an unrecognised value goes on, and activate() refuses it)
     try:
         from xlkv_autopatch._startup import activate
 

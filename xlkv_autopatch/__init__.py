@@ -1,34 +1,34 @@
 """xlkv_autopatch: cross-layer KV-cache transfers for vLLM's NixlConnector, as import hooks.
 
-This module is imported by the ``.pth`` start-up hook (only when ENABLE_XLKV is truthy)
-and by vLLM's plugin loader, so it must stay import-light: no wrapt, no vLLM, no torch
-here.  The public API loads the registry lazily.
+vLLM's plugin loader imports this module in every vLLM process, flag on or off, so it
+stays standard-library only: no wrapt, no vLLM, no torch here.  The public API loads the
+registry lazily.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["__version__", "install", "uninstall", "status", "is_enabled"]
 
 
 def is_enabled(environ=None):
     """True when ENABLE_XLKV is one of 1/true/yes/on (case-insensitive)."""
-    from ._startup import flag_on
+    from .flag import flag_on
 
     return flag_on(environ)
 
 
 def install(source="api"):
     """Register the post-import hooks that patch vLLM (idempotent)."""
-    from . import registry
+    from . import patches, registry
 
-    return registry.install(source=source)
+    return registry.REGISTRY.install(source=source, groups_provider=patches.all_groups)
 
 
 def uninstall():
     """Undo every patch this process applied, restoring the original attributes exactly."""
     from . import registry
 
-    return registry.uninstall()
+    return registry.REGISTRY.uninstall()
 
 
 def status(resolve=True):

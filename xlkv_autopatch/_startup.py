@@ -1,30 +1,43 @@
-"""Start-up entry points.  Standard library only until the flag is known to be on.
+"""Start-up entry points.  Standard library only.
 
 Three triggers end in the same idempotent :func:`activate`:
 
-* ``xlkv_autopatch.pth`` (site-packages, every interpreter start; it checks the flag
-  itself and imports this module only when the flag is on),
+* ``xlkv_autopatch.pth`` (site-packages, every interpreter start; it reads the flag
+  itself and imports this module only when ENABLE_XLKV is set to something),
 * the ``vllm.general_plugins`` entry point (:mod:`xlkv_autopatch.plugin`), which vLLM
   calls in the API server, the engine core and every worker,
 * ``sitecustomize.py`` at the repository root, for runs from a source checkout.
+
+This module, :mod:`xlkv_autopatch`, :mod:`xlkv_autopatch.plugin` and
+:mod:`xlkv_autopatch.flag` are what vLLM's plugin loader imports in every vLLM process
+even with the flag off, so they import nothing outside the standard library
+(tests/activation checks it).
 """
 
-import os
-
-FLAG = "ENABLE_XLKV"
-TRUTHY = ("1", "true", "yes", "on")
-
-
-def flag_on(environ=None):
-    env = os.environ if environ is None else environ
-    return env.get(FLAG, "").strip().lower() in TRUTHY
+from .flag import flag_state, invalid_flag_message
 
 
 def activate(source):
-    """Install the patches if ENABLE_XLKV is on.  Returns True when active."""
-    if not flag_on():
-        return False
-    from . import registry  # imports wrapt; only reached with the flag on
+    """Install the patches if ENABLE_XLKV is on.  Returns True when active.
 
-    registry.install(source=source)
+    An unrecognised value raises (vLLM then refuses to start): a typo must not become a
+    silent stock run.
+    """
+    state = flag_state()
+    if state == "off":
+        return False
+    from . import errors  # standard library only
+
+    if state == "invalid":
+        raise errors.XlkvFlagError(invalid_flag_message())
+    try:
+        import wrapt  # noqa: F401  (the registry's post-import hooks)
+    except ImportError as e:
+        raise errors.XlkvDependencyError(
+            "xlkv_autopatch: ENABLE_XLKV is set but its dependency wrapt cannot be imported (%s), so vLLM cannot be "
+            "patched. Fix: pip install 'wrapt>=1.14' into this environment (xlkv_autopatch was probably installed "
+            "with --no-deps), or unset ENABLE_XLKV" % e) from e
+    from . import patches, registry
+
+    registry.REGISTRY.install(source=source, groups_provider=patches.all_groups)
     return True

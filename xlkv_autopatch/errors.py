@@ -1,8 +1,16 @@
-"""Exceptions raised on purpose, each naming the cause and the fix."""
+"""Exceptions raised on purpose, each naming the cause and the fix.  Standard library only."""
 
 
 class XlkvError(RuntimeError):
     """Base class: a configuration xlkv_autopatch refuses to run with."""
+
+
+class XlkvFlagError(XlkvError):
+    """ENABLE_XLKV has a value that is neither on nor off."""
+
+
+class XlkvDependencyError(XlkvError):
+    """A runtime dependency of the shim (wrapt, packaging) is missing."""
 
 
 class XlkvUnsupportedVersion(XlkvError):
@@ -13,5 +21,13 @@ class XlkvGuardError(XlkvError):
     """A patch target does not have the shape the patch was written for."""
 
 
+class XlkvNotAttachedError(XlkvError):
+    """ENABLE_XLKV is on, vLLM made a NIXL connector, and the patch set for it is not in place."""
+
+
 class XlkvMismatchError(XlkvError):
-    """Prefill and decode (or two patch sets) disagree about the KV layout."""
+    """Prefill and decode disagree about the KV layout, block size or TP slicing."""
+
+
+class XlkvRegistrationError(XlkvError):
+    """This engine's own KV tensors cannot be registered with NIXL safely."""

@@ -8,30 +8,23 @@ import hashlib
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-#: Attention backends whose cross-layer layout upstream vLLM supports (0.20+ list; 0.16-0.19
-#: and the 0.12-0.15 backport use the first two only).
-BACKENDS_0_16 = ("FLASH_ATTN", "FLASHINFER")
-BACKENDS_0_20 = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
-
 #: vLLM >= 0.29 layout that makes every block one contiguous row covering all layers, with
 #: the per-layer page in FlashAttention's natural token-major order (N, H, C).
 BLOCK_OUTERMOST_LAYOUT = "BLNHC"
-BLOCK_OUTERMOST_LAYOUTS = ("BLHNC", "BLNHC", "BHLNC")
-#: Of those, the ones NIXL registers as a single whole-row region (BLHNC keeps one
-#: region per layer).
+#: The block-outermost layouts NIXL registers as a single whole-row region (BLHNC, also
+#: block-outermost, keeps one region per layer).
 WHOLE_ROW_LAYOUTS = ("BLNHC", "BHLNC")
 
-HASH_TAG = "xlkv-cross-layer-v1"
+HASH_TAG = "xlkv-cross-layer-v2"
+#: Readable start of the hash an xlkv cross-layer engine publishes: vLLM prints the remote
+#: hash in its own mismatch error, so a peer *without* the shim names the cause too.
+HASH_PREFIX = "xlkv-cross-layer-KV-layout.sent-by-an-engine-with-ENABLE_XLKV=true."
 
 
 @dataclass(frozen=True)
 class Decision:
     use: bool
     reason: str
-
-
-def backends_for(release: Tuple[int, ...]) -> Tuple[str, ...]:
-    return BACKENDS_0_20 if tuple(release[:2]) >= (0, 20) else BACKENDS_0_16
 
 
 def cross_layer_decision(
@@ -111,13 +104,6 @@ def registration_view_shape(numel: int, num_blocks: int, kernel_block_size: int,
     return (num_blocks, 1, kernel_block_size, rest)
 
 
-def descriptors_per_block(*, num_layers: int, split_k_and_v: bool, blocks_first_doubling: bool,
-                          cross_layer: bool) -> int:
-    """NIXL descriptors one KV block costs in a transfer (homogeneous TP)."""
-    regions = 1 if cross_layer else num_layers * (2 if split_k_and_v else 1)
-    return regions * (2 if blocks_first_doubling else 1)
-
-
 def reconcile_block_counts(region_blocks: Dict[str, int], expected: int) -> Tuple[int, Optional[str]]:
     """Pick the block count NIXL must register and index.
 
@@ -142,8 +128,9 @@ def reconcile_block_counts(region_blocks: Dict[str, int], expected: int) -> Tupl
 
 
 def tag_hash(stock_hash: str) -> str:
-    """The compatibility hash a worker publishes when it uses xlkv's cross-layer layout."""
-    return hashlib.sha256(("%s|%s" % (stock_hash, HASH_TAG)).encode()).hexdigest()
+    """The compatibility hash a worker publishes when it uses xlkv's cross-layer layout:
+    a readable prefix, then a digest of the stock hash (so other models still differ)."""
+    return HASH_PREFIX + hashlib.sha256(("%s|%s" % (stock_hash, HASH_TAG)).encode()).hexdigest()
 
 
 def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_ratio: int,

@@ -14,70 +14,23 @@ restores ``vars(owner)`` exactly.
 
 import importlib
 import inspect
-import logging
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional
 
 import wrapt
 
-from . import versions
+from . import facts, versions
 from .errors import XlkvError, XlkvGuardError, XlkvUnsupportedVersion
-
-logger = logging.getLogger("vllm.xlkv_autopatch")
-
-KINDS = ("method", "classmethod", "property", "function", "attribute")
+from .logs import logger
+from .specs import PatchGroup, PatchSpec  # noqa: F401  (re-exported: the declarations live in specs.py)
 
 #: vLLM releases the shipped patches cover (each group narrows this further).
 SUPPORTED_VLLM = ">=0.12,<0.34"
 
 FIX = "unset ENABLE_XLKV to run stock vLLM, or install a vLLM release in %s" % SUPPORTED_VLLM
-
-
-@dataclass(frozen=True)
-class PatchSpec:
-    """One wrapped attribute.
-
-    ``wrapper(wrapped, instance, args, kwargs)`` is a wrapt-style wrapper (for a property,
-    ``instance`` is the object and ``wrapped`` the original getter).  For kind
-    ``attribute`` (a plain class attribute such as a ``ClassVar[bool]``) it is called as
-    ``wrapper(original_value, instance, owner_class)`` and returns the value to expose;
-    the spec then installs a descriptor on the *named* class (``on_named_class``).
-    """
-
-    name: str
-    module: str
-    owner: Optional[str]  # class name in ``module``; None for a module-level function
-    attr: str
-    kind: str
-    wrapper: Callable
-    params: Optional[Tuple[str, ...]] = None  # expected parameter names, None = unchecked
-    on_named_class: bool = False  # True: override on the named class, not the MRO owner
-    doc: str = ""
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError("unknown patch kind %r" % (self.kind,))
-        if self.kind == "function" and self.owner is not None:
-            raise ValueError("a module function has no owner class")
-
-    @property
-    def target(self):
-        return "%s:%s" % (self.module, "%s.%s" % (self.owner, self.attr) if self.owner else self.attr)
-
-
-@dataclass(frozen=True)
-class PatchGroup:
-    """Specs applied together when ``trigger`` is imported, for vLLM versions ``vllm``."""
-
-    name: str
-    trigger: str
-    vllm: str
-    patches: Tuple[PatchSpec, ...]
-    precheck: Optional[Callable[[], None]] = None  # raise XlkvError to refuse
-    doc: str = ""
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -176,7 +129,10 @@ def resolve(spec):
             got = tuple(inspect.signature(_function_of(raw, spec.kind)).parameters)
         except (TypeError, ValueError) as e:
             raise XlkvGuardError("%s: cannot read the signature of %s (%s)" % (spec.name, spec.target, e)) from e
-        if got != tuple(spec.params):
+        want = tuple(spec.params)
+        if want and want[-1] == "...":
+            want, got = want[:-1], got[:len(want) - 1]
+        if got != want:
             raise XlkvGuardError(
                 "%s: %s has parameters %s, the patch expects %s" % (spec.name, spec.target, got, tuple(spec.params))
             )
@@ -210,11 +166,14 @@ class _State:
     records: List[Record] = field(default_factory=list)
     applied_groups: List[str] = field(default_factory=list)
     first_calls: set = field(default_factory=set)
-    pid: int = 0
+    refusal: Optional[str] = None  # the unsupported-release message, repeated at every NIXL connector
 
 
 class Registry:
-    def __init__(self, groups_provider, supported=SUPPORTED_VLLM, version_provider=versions.vllm_version):
+    """``groups_provider``: a callable returning the PatchGroups (``patches.all_groups``);
+    given here or to :meth:`install`, so this module never imports the patches."""
+
+    def __init__(self, groups_provider=None, supported=SUPPORTED_VLLM, version_provider=versions.vllm_version):
         self._groups_provider = groups_provider
         self.supported = supported
         self._version_provider = version_provider
@@ -223,10 +182,11 @@ class Registry:
 
     # -- selection -------------------------------------------------------------
     def groups(self):
-        return list(self._groups_provider())
+        return list(self._groups_provider()) if self._groups_provider is not None else []
 
     def groups_for(self, version):
-        return [g for g in self.groups() if versions.in_range(version, g.vllm)]
+        """The groups for ``version``: those whose range contains it, and the ``always`` ones."""
+        return [g for g in self.groups() if g.always or versions.in_range(version, g.vllm)]
 
     def check_version(self, version):
         """Raise XlkvUnsupportedVersion unless ``version`` is covered."""
@@ -235,40 +195,48 @@ class Registry:
                 "xlkv_autopatch: ENABLE_XLKV is set but vLLM %s is not supported (supported: %s); %s"
                 % (version, self.supported, FIX)
             )
-        if not self.groups_for(version):
+        if not any(g.nixl for g in self.groups_for(version)):
+            parsed = versions.parse(version)
+            dev = ("; %s is a development build, whose code lies between two releases: set %s to the release whose "
+                   "code it carries" % (version, versions.OVERRIDE)) if parsed is not None and parsed.is_devrelease else ""
             raise XlkvUnsupportedVersion(
-                "xlkv_autopatch: ENABLE_XLKV is set but no patch set covers vLLM %s; %s" % (version, FIX)
+                "xlkv_autopatch: ENABLE_XLKV is set but no patch set covers vLLM %s%s; %s" % (version, dev, FIX)
             )
 
     # -- install ---------------------------------------------------------------
-    def install(self, source="api"):
+    def install(self, source="api", groups_provider=None):
         with self._lock:
             st = self.state
+            if groups_provider is not None:
+                self._groups_provider = groups_provider
             if source not in st.sources:
                 st.sources.append(source)
             if st.installed:
                 return False
             st.installed = True
             st.active = True
-            st.pid = os.getpid()
+            facts.reset()
             version = self._version_provider()
             st.version = version
             if version is None:
                 logger.debug("xlkv_autopatch: vLLM is not installed; nothing to patch")
                 return True
+            groups = self.groups_for(version)
             try:
                 self.check_version(version)
             except XlkvUnsupportedVersion as err:
-                message = str(err)
+                st.refusal = str(err)
 
-                def refuse(_module, _message=message):
+                def refuse(_module, _message=st.refusal):
                     raise XlkvUnsupportedVersion(_message)
 
                 # Loud at vLLM import (or now, if vLLM is already imported: wrapt runs the
                 # hook at once).  Processes that never import vLLM (pip, ...) are untouched.
+                # The ``always`` groups (the connector-factory guard) repeat the refusal at
+                # every NIXL connector, so a second ``import vllm`` cannot run stock.
                 wrapt.register_post_import_hook(refuse, "vllm")
-                return True
-            for group in self.groups_for(version):
+                groups = [g for g in groups if g.always]
+            for group in groups:
                 wrapt.register_post_import_hook(self._hook(group), group.trigger)
             return True
 
@@ -302,8 +270,9 @@ class Registry:
                     "xlkv_autopatch: could not apply patch set %s on vLLM %s: %s; %s" % (group.name, st.version, err, FIX)
                 ) from err
             st.records.extend(applied)
-            if applied:
+            if group.name not in st.applied_groups:  # also when a fork found it all in place
                 st.applied_groups.append(group.name)
+            if applied:
                 logger.info(
                     "xlkv_autopatch: patched %s (vllm %s, patch set %s, source=%s, pid=%d)",
                     ", ".join("%s.%s" % (_describe(r.holder), r.spec.attr) for r in applied),
@@ -383,32 +352,30 @@ class Registry:
             st.applied_groups.clear()
             st.installed = False
             st.sources.clear()
+            st.refusal = None
+            facts.reset()
             return reverted
+
+    @staticmethod
+    def attached_to(cls):
+        """Names of the xlkv wrappers that sit on ``cls`` or one of its base classes (placed by
+        this registry or inherited across a fork)."""
+        return sorted({name for k in getattr(cls, "__mro__", ()) for name, value in vars(k).items()
+                       if isinstance(value, OURS)})
+
+    def unapplied_nixl_groups(self):
+        """(group, why) for every NIXL patch set of this release that is not applied."""
+        out = []
+        for g in self.groups_for(self.state.version):
+            if not g.nixl or g.name in self.state.applied_groups:
+                continue
+            why = ("its trigger module %s was never imported" % g.trigger if g.trigger not in sys.modules
+                   else "its trigger module %s is imported but the set was not applied" % g.trigger)
+            out.append((g, why))
+        return out
 
     def applied(self):
         return [(r.spec.name, _describe(r.holder), r.spec.attr) for r in self.state.records]
 
 
-def _default_groups():
-    from .patches import all_groups
-
-    return all_groups()
-
-
-REGISTRY = Registry(_default_groups)
-
-
-def install(source="api"):
-    return REGISTRY.install(source=source)
-
-
-def uninstall():
-    return REGISTRY.uninstall()
-
-
-def is_active():
-    return REGISTRY.state.active
-
-
-def groups_for(version: str) -> Sequence[PatchGroup]:
-    return REGISTRY.groups_for(version)
+REGISTRY = Registry()

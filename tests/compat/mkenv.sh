@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Create or reuse a venv for one vLLM release, one venv per torch pin.
+# Create or reuse a Python environment for one vLLM release.
 #   usage: tests/compat/mkenv.sh VLLM_VERSION        -> prints the env's python path (last stdout line)
-# Envs live under ${XLKV_ENVS:-/work/envs}/torch-<pin>/. The first install of a pin is a full
-# `pip install vllm==X nixl==... numpy pytest`; later releases with the same torch pin only swap
-# the vllm package (`--no-deps`), then check vllm's requirements and fall back to a normal
-# resolve (which keeps the pinned torch) only when something is missing.
+# Layout under ${XLKV_ENVS:-/work/envs}:
+#   torch-<pin>/   base venv, one per torch pin: a full `pip install vllm==X nixl==... numpy pytest`
+#                  of the first release asked for with that pin. Never changed afterwards.
+#   vllm-<ver>/    overlay venv for every other release of that pin: its site-packages comes
+#                  first and adds the base's site-packages behind it (a .pth calling
+#                  site.addsitedir), and holds vllm==<ver> (--no-deps) plus only the requirements
+#                  the base does not satisfy. Several releases of one pin can therefore be used at
+#                  the same time (tests, the compat matrix, a harness run by hand) without one
+#                  process swapping another's vLLM.
+# A release whose vLLM is the base's gets the base's python.
 # The shim itself is NOT installed here (caller: pip install --no-deps -e <repo>).
 set -euo pipefail
 VER=${1:?usage: mkenv.sh VLLM_VERSION}
@@ -58,8 +64,22 @@ vllm_reqs_broken() {  # pip check lines that concern vllm's own requirements
   pipx check 2>/dev/null | grep -i '^vllm ' || true
 }
 
-if [ ! -x "$ENV/bin/python" ]; then
+# torch X+cpu (local wheel) with PyPI's CUDA torchvision/torchaudio/torchcodec: importing them
+# dies ("operator torchvision::nms does not exist", "Could not load ... .so") and takes
+# transformers (hence vllm.config) with it. The harness needs none of them.
+drop_unloadable() {
+  for m in torchvision torchaudio torchcodec; do
+    if "$ENV/bin/python" -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('$m') else 1)" 2>/dev/null \
+       && ! "$ENV/bin/python" -c "import $m" >/dev/null 2>&1; then
+      log "$m does not load with this torch build; uninstalling it"
+      pipx uninstall -y -q "$m" >&2
+    fi
+  done
+}
+
+if [ ! -f "$ENV/.xlkv-base-ok" ]; then
   log "creating venv"
+  rm -rf "$ENV"   # nothing, or an install that was interrupted
   "$PY" -m venv "$ENV"
   pipx install -q --upgrade pip >&2
   t0=$(date +%s)
@@ -94,32 +114,35 @@ PYEOF
     pipx install --no-deps "vllm==$VER" >&2
   fi
   log "full install took $(( $(date +%s) - t0 )) s"
-else
-  CUR=$("$ENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo none)
-  if [ "$CUR" != "$VER" ]; then
-    log "swapping vllm $CUR -> $VER (--no-deps)"
+  drop_unloadable
+  touch "$ENV/.xlkv-base-ok"
+fi
+exec 9>&-   # the base is complete and is never changed again: release the pin lock
+BASE="$ENV"
+BASE_VER=$("$BASE/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo none)
+if [ "$BASE_VER" != "$VER" ]; then
+  # overlay venv for this release (see the header); its own lock, the base stays untouched
+  ENV="$ENVS/vllm-$VER"
+  exec 8>"$ENVS/.vllm-$VER.lock"
+  flock -w 3600 8
+  if [ ! -f "$ENV/.xlkv-overlay-ok" ]; then
+    log "overlay $ENV over $BASE (base has vllm $BASE_VER)"
+    rm -rf "$ENV"
+    "$PY" -m venv "$ENV"
+    OSITE=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    BSITE=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import site; site.addsitedir('$BSITE')" > "$OSITE/_xlkv_overlay_base.pth"
     pipx install -q --no-deps "vllm==$VER" >&2
     BROKEN=$(vllm_reqs_broken)
     if [ -n "$BROKEN" ]; then
-      log "vllm $VER requirements not met, resolving them (torch stays pinned):"; echo "$BROKEN" >&2
+      log "vllm $VER requirements the base does not meet, installed into the overlay (torch stays pinned):"
+      echo "$BROKEN" >&2
       pipx install -q "vllm==$VER" >&2
     fi
+    drop_unloadable
+    touch "$ENV/.xlkv-overlay-ok"
   fi
-  "$ENV/bin/python" -c 'import nixl, numpy, pytest' 2>/dev/null || pipx install -q "$NIXL_SPEC" numpy pytest >&2
 fi
-# torch X+cpu (local wheel) with PyPI's CUDA torchvision/torchaudio/torchcodec: importing them
-# dies ("operator torchvision::nms does not exist", "Could not load ... .so") and takes
-# transformers (hence vllm.config) with it. The harness needs none of them.
-drop_unloadable() {
-  for m in torchvision torchaudio torchcodec; do
-    if "$ENV/bin/python" -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('$m') else 1)" 2>/dev/null \
-       && ! "$ENV/bin/python" -c "import $m" >/dev/null 2>&1; then
-      log "$m does not load with this torch build; uninstalling it"
-      pipx uninstall -y -q "$m" >&2
-    fi
-  done
-}
-drop_unloadable
 if ! sanity; then
   log "sanity import failed; re-resolving vllm==$VER requirements"
   pipx install -q "vllm==$VER" "$NIXL_SPEC" numpy pytest >&2

@@ -2,11 +2,12 @@
 
 import pytest
 
+from xlkv_autopatch import facts as F
 from xlkv_autopatch import layout as L
 
 
 def decide(**kw):
-    base = dict(backend="FLASH_ATTN", kv_layout="HND", allowed_backends=L.BACKENDS_0_20)
+    base = dict(backend="FLASH_ATTN", kv_layout="HND", allowed_backends=F.BACKENDS_0_20)
     base.update(kw)
     return L.cross_layer_decision(**base)
 
@@ -21,7 +22,7 @@ def test_cross_layer_decision_accepts_the_supported_case():
     (dict(has_mamba=True), "Mamba"),
     (dict(num_kv_groups=2), "2 KV cache groups"),
     (dict(backend="CPU_ATTN"), "CPU_ATTN is not in"),
-    (dict(backend="TRITON_ATTN", allowed_backends=L.BACKENDS_0_16), "TRITON_ATTN is not in"),
+    (dict(backend="TRITON_ATTN", allowed_backends=F.BACKENDS_0_16), "TRITON_ATTN is not in"),
     (dict(kv_layout="NHD"), "NHD"),
     (dict(host_buffer=True), "host-buffer"),
     (dict(explicit_opt_in="False"), "enable_cross_layers_blocks=False"),
@@ -35,9 +36,18 @@ def test_explicit_opt_in_true_is_fine():
     assert decide(explicit_opt_in="True").use
 
 
-def test_backends_by_release():
-    assert "TRITON_ATTN" not in L.backends_for((0, 19, 1))
-    assert "TRITON_ATTN" in L.backends_for((0, 20, 0))
+def test_release_facts():
+    assert "TRITON_ATTN" not in F.facts_for((0, 19, 1)).cross_layer_backends
+    assert "TRITON_ATTN" in F.facts_for((0, 20, 0)).cross_layer_backends
+    assert not F.facts_for("0.12.0").has_compat_hash and F.facts_for("0.13.0").has_compat_hash
+    assert not F.facts_for("0.17.1").budget_block_count and F.facts_for("0.18.1").budget_block_count
+    assert [F.facts_for("0.%d.0" % m).fa_heads_outermost for m in (12, 22, 23, 25, 26, 28, 29, 33)] == \
+        [True, True, False, False, True, True, False, False]
+    assert not F.facts_for("0.28.0").kv_cache_layouts and F.facts_for("0.29.0").kv_cache_layouts
+    # a development build of 0.29 (setuptools-scm: main after the 0.28 tag) is 0.28 code
+    assert not F.facts_for("0.29.0.dev12+g1234").kv_cache_layouts
+    assert F.facts_for("0.29.1.dev3").kv_cache_layouts
+    assert F.facts_for("0.21.0+cu129") == F.facts_for("0.21.0")
 
 
 def test_layout_decision():
@@ -74,17 +84,6 @@ def test_registration_view_shape_keeps_elements_blocks_and_block_size_position()
         L.registration_view_shape(numel, 41, 16, -3)
 
 
-def test_descriptors_per_block():
-    assert L.descriptors_per_block(num_layers=28, split_k_and_v=True, blocks_first_doubling=False,
-                                   cross_layer=False) == 56
-    assert L.descriptors_per_block(num_layers=28, split_k_and_v=False, blocks_first_doubling=False,
-                                   cross_layer=False) == 28
-    assert L.descriptors_per_block(num_layers=28, split_k_and_v=True, blocks_first_doubling=False,
-                                   cross_layer=True) == 1
-    assert L.descriptors_per_block(num_layers=28, split_k_and_v=False, blocks_first_doubling=True,
-                                   cross_layer=True) == 2
-
-
 def test_reconcile_block_counts():
     assert L.reconcile_block_counts({"a": 64, "b": 64}, 64) == (64, None)
     real, note = L.reconcile_block_counts({"a": 96, "b": 96}, 64)
@@ -101,7 +100,8 @@ def test_tag_hash_is_deterministic_and_distinct():
     h = "ab" * 32
     assert L.tag_hash(h) == L.tag_hash(h) != h
     assert L.tag_hash(h) != L.tag_hash("cd" * 32)
-    assert len(L.tag_hash(h)) == 64
+    assert L.tag_hash(h).startswith(L.HASH_PREFIX) and "ENABLE_XLKV=true" in L.tag_hash(h)
+    assert len(L.tag_hash(h)) == len(L.HASH_PREFIX) + 64
 
 
 def test_heterogeneous_tp():

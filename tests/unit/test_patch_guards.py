@@ -5,10 +5,10 @@ import types
 
 import pytest
 
-from xlkv_autopatch import layout
-from xlkv_autopatch.errors import XlkvError, XlkvMismatchError
-from xlkv_autopatch.patches import (block_count, compat_hash, cross_layer_preference, handshake, kv_cache_layout,
-                                    model_runner, multi_connector, refuse_kvcached)
+from xlkv_autopatch import facts, layout
+from xlkv_autopatch.errors import XlkvError, XlkvMismatchError, XlkvRegistrationError
+from xlkv_autopatch.patches import (_state, block_count, compat_hash, cross_layer_preference, handshake,
+                                    kv_cache_layout, model_runner, multi_connector, refuse_kvcached)
 
 
 def ok(*args, **kwargs):
@@ -28,17 +28,34 @@ def meta(**kw):
     return types.SimpleNamespace(**base)
 
 
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    """Each test starts with no remembered hashes or stock-layout reasons, facts re-read."""
+    monkeypatch.setattr(_state, "KNOWN", {})
+    monkeypatch.setattr(_state, "_stock_reasons", [])
+    facts.reset()
+    yield
+    facts.reset()
+
+
 @pytest.fixture
 def release(monkeypatch):
     def set_(v):
         monkeypatch.setenv("XLKV_VLLM_VERSION", v)
+        facts.reset()
     set_("0.21.0")
     return set_
 
 
 def test_block_size_mismatch_refused(release):
-    with pytest.raises(XlkvMismatchError, match="block size 32, this engine 16"):
+    with pytest.raises(XlkvMismatchError, match="registers 32-token blocks with NIXL, this engine 16-token KV blocks"):
         handshake.validate_wrapper(ok, worker(), (meta(block_size=32), 0, 1), {})
+    # the same --block-size (32) on both sides, a 16-token attention kernel block here: named as such
+    here = worker(vllm_config=types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=32)))
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.validate_wrapper(ok, here, (meta(block_size=32), 0, 1), {})
+    assert "KV blocks of 32 tokens (--block-size), split by the attention kernel into 16-token blocks" in str(e.value)
+    assert "attention kernel block differs" in str(e.value) and "same attention backend" in str(e.value)
     assert handshake.validate_wrapper(ok, worker(), (meta(), 0, 1), {}) == "original ran"
 
 
@@ -80,7 +97,7 @@ def test_region_layout_compared_without_hash_on_0_12(release):
 
 def test_hash_mismatch_is_explained(release):
     stock = "1" * 64
-    published = compat_hash.remember_hashes(stock, cross_layer=True)
+    published = _state.remember_hashes(stock, cross_layer=True)
     assert published == layout.tag_hash(stock)
 
     def failing(*a, **k):
@@ -93,6 +110,32 @@ def test_hash_mismatch_is_explained(release):
     msg = str(e.value)
     assert "kv_consumer engine runs xlkv's cross-layer" in msg and "ENABLE_XLKV unset there" in msg
     assert "set ENABLE_XLKV=true on BOTH" in msg
+    # the remote may have the flag and an explicit layout (0.29+): named among the remote causes
+    assert "an explicit VLLM_KV_CACHE_LAYOUT" in msg
+
+
+def test_hash_mismatch_names_this_engines_own_reason_for_the_stock_layout(release, monkeypatch):
+    """Both flagged, VLLM_KV_CACHE_LAYOUT=LBHNC here (0.29+): the refusal says so, not 'set ENABLE_XLKV'."""
+    release("0.33.0")
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LBHNC")
+    cls = type("NixlPullConnector", (), {})
+    cfg = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_buffer_device="cuda"),
+                                model_config=types.SimpleNamespace(is_hybrid=False))
+    assert kv_cache_layout.layout_wrapper(lambda c: "LBHNC", cls, (cfg,), {}) == "LBHNC"
+    stock = "3" * 64
+    _state.remember_hashes(stock, cross_layer=False)
+
+    def failing(*a, **k):
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s. Prefill ..."
+                           % (stock, layout.tag_hash(stock)))
+
+    w = types.SimpleNamespace(compat_hash=stock, kv_transfer_config=types.SimpleNamespace(kv_role="kv_both"))
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.handshake_wrapper(failing, w, (), {})
+    msg = str(e.value)
+    assert "here: VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins" in msg
+    assert "remote engine runs xlkv's cross-layer KV layout" in msg
+    assert "set ENABLE_XLKV=true on BOTH" not in msg
 
 
 def test_hash_mismatch_against_an_xlkv_peer_is_explained_on_the_stock_side(release):
@@ -100,14 +143,15 @@ def test_hash_mismatch_against_an_xlkv_peer_is_explained_on_the_stock_side(relea
     stock = "2" * 64
 
     def failing(*a, **k):
-        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s." % (stock, layout.tag_hash(stock)))
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s. Prefill" % (stock, layout.tag_hash(stock)))
 
     w = types.SimpleNamespace(compat_hash=stock, kv_transfer_config=types.SimpleNamespace(kv_role="kv_both"))
     with pytest.raises(XlkvMismatchError) as e:
         handshake.handshake_wrapper(failing, w, (), {})
     msg = str(e.value)
     assert "kv_both engine runs the stock per-layer KV layout (ENABLE_XLKV unset here" in msg
-    assert "remote engine runs xlkv's cross-layer KV layout" in msg and "MultiConnector" in msg
+    assert "remote engine runs xlkv's cross-layer KV layout" in msg
+    assert "set ENABLE_XLKV=true on it" in msg
 
 
 def test_unknown_hash_mismatch_keeps_vllms_error(release):
@@ -126,11 +170,11 @@ def test_hash_wrapper_tags_only_cross_layer(release):
         calls.append(cross_layers_blocks)
         return ("x" if cross_layers_blocks else "s") * 64
 
-    assert compat_hash.hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", False), {}) == "s" * 64
-    tagged = compat_hash.hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", True), {})
+    assert compat_hash.flag_hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", False), {}) == "s" * 64
+    tagged = compat_hash.flag_hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", True), {})
     assert tagged == layout.tag_hash("x" * 64)
-    assert compat_hash.KNOWN["x" * 64] == compat_hash.NATIVE
-    assert compat_hash.KNOWN["s" * 64] == compat_hash.PER_LAYER
+    assert _state.KNOWN["x" * 64] == _state.NATIVE
+    assert _state.KNOWN["s" * 64] == _state.PER_LAYER
 
 
 def test_hash_wrapper_0_29_uses_resolved_layout(release):
@@ -141,8 +185,8 @@ def test_hash_wrapper_0_29_uses_resolved_layout(release):
         return types.SimpleNamespace(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout_obj))
 
     fake = lambda vllm_config, attn_backend_name, transfer_mode="pull": "h" * 64  # noqa: E731
-    assert compat_hash.hash_wrapper(fake, None, (cfg("LBHNC"), "FLASH_ATTN"), {}) == "h" * 64
-    assert compat_hash.hash_wrapper(fake, None, (cfg("BLNHC"), "FLASH_ATTN"), {}) == layout.tag_hash("h" * 64)
+    assert compat_hash.layout_hash_wrapper(fake, None, (cfg("LBHNC"), "FLASH_ATTN"), {}) == "h" * 64
+    assert compat_hash.layout_hash_wrapper(fake, None, (cfg("BLNHC"), "FLASH_ATTN"), {}) == layout.tag_hash("h" * 64)
 
 
 def _fa(blocks):
@@ -167,20 +211,27 @@ def test_block_counts_reconciled_before_registration(release):
     assert block_count.register_wrapper(original, w, ({"l0": _fa(96), "l1": _fa(96)},), {}) == "registered"
     assert seen["num_blocks"] == 96 and w._logical_num_blocks == 96
 
+    # xlkv kept the stock layout in this process (a fallback): the counts are vLLM's business, untouched
+    _state.note_stock_reason("a fallback")
+    w = worker(num_blocks=64, _logical_num_blocks=64, _physical_blocks_per_logical_kv_block=1, num_regions=8)
+    assert block_count.register_wrapper(original, w, ({"l0": _fa(96), "l1": _fa(96)},), {}) == "registered"
+    assert seen["num_blocks"] == 64 and w._logical_num_blocks == 64
+    _state._stock_reasons.clear()
+
     w = worker(num_blocks=64)
-    with pytest.raises(XlkvMismatchError, match="disagree"):
+    with pytest.raises(XlkvRegistrationError, match="disagree"):
         block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(65)},), {})
-    with pytest.raises(XlkvMismatchError, match="hold 32 blocks"):
+    with pytest.raises(XlkvRegistrationError, match="hold 32 blocks"):
         block_count.register_wrapper(original, w, ({"l0": _fa(32)},), {})
     release("0.33.0")
-    with pytest.raises(XlkvMismatchError, match="over-allocated"):
+    with pytest.raises(XlkvRegistrationError, match="over-allocated"):
         block_count.register_wrapper(original, worker(num_blocks=64), ({"l0": _fa(96)},), {})
     # 0.29+: vLLM's own registration assertions under xlkv's layout name the layout and the fix
     def asserting(kv_caches):
         raise AssertionError  # what a bare `assert` raises (pytest would rewrite one written here)
 
     blnhc = worker(num_blocks=64, _xlkv_cross_layer=False, kv_cache_layout="BLNHC")
-    with pytest.raises(XlkvMismatchError, match="block-outermost layout .*failed: raise AssertionError"):
+    with pytest.raises(XlkvRegistrationError, match="block-outermost layout .*failed: raise AssertionError"):
         block_count.register_wrapper(asserting, blnhc, ({"l0": _fa(64)},), {})
     with pytest.raises(AssertionError):  # the stock layout: vLLM's error as it is
         block_count.register_wrapper(asserting, worker(num_blocks=64, _xlkv_cross_layer=False, kv_cache_layout="LBHNC"),
@@ -189,7 +240,7 @@ def test_block_counts_reconciled_before_registration(release):
     w = worker(num_blocks=128, _physical_blocks_per_logical_kv_block=2)
     assert block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(64)},), {}) == "registered"
     assert seen["num_blocks"] == 128
-    with pytest.raises(XlkvMismatchError, match="disagree"):
+    with pytest.raises(XlkvRegistrationError, match="disagree"):
         block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(63)},), {})
 
 
@@ -254,13 +305,16 @@ def test_native_preference_sees_the_opt_in_without_editing_the_config(release):
     assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is False
 
 
-def test_kvcached_refused(monkeypatch):
+def test_kvcached_refused_only_with_the_flag_on(monkeypatch):
     monkeypatch.delenv("ENABLE_KVCACHED", raising=False)
     monkeypatch.delenv("KVCACHED_AUTOPATCH", raising=False)
+    monkeypatch.setenv("ENABLE_XLKV", "true")
     refuse_kvcached()
     monkeypatch.setenv("ENABLE_KVCACHED", "true")
     with pytest.raises(XlkvError, match="ENABLE_KVCACHED and ENABLE_XLKV are both set"):
         refuse_kvcached()
+    monkeypatch.delenv("ENABLE_XLKV")
+    refuse_kvcached()  # kvcached alone: not xlkv's business
 
 
 class _Conn:

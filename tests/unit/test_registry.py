@@ -252,10 +252,19 @@ def test_wrappers_are_inert_when_registry_inactive(tree):
     assert tree.Pull.get_required_kvcache_layout(None) == ("XL", "Pull", "HND")
 
 
-def test_dev_and_local_versions_are_gated_as_their_release():
+def test_dev_builds_are_gated_before_their_release_and_candidates_as_it():
     from xlkv_autopatch import versions
 
     assert versions.in_range("0.21.1.dev12+g1234.cu129", ">=0.12,<0.34")
+    # setuptools-scm: 0.22.0.devN is main after the 0.21 tag: 0.21's patch set (native-0.20), not 0.22's runner-v1
+    from xlkv_autopatch.patches import all_groups
+    reg = R.Registry(all_groups)
+    names = [g.name for g in reg.groups_for("0.22.0.dev5+g1234")]
+    assert "native-0.20" in names and "runner-v1" not in names
+    # 0.24.0.devN: below 0.24 yet outside "<0.24" (PEP 440): no patch set, refused with the way out
+    with pytest.raises(XlkvUnsupportedVersion, match="development build.*XLKV_VLLM_VERSION"):
+        reg.check_version("0.24.0.dev5+g1234")
+    assert versions.in_range("0.21.0+cu129", ">=0.21,<0.22")
     assert not versions.in_range("0.34.0.dev3", ">=0.12,<0.34")
     assert not versions.in_range("0.11.2", ">=0.12,<0.34")
     assert not versions.in_range("garbage", ">=0.12,<0.34")
@@ -272,3 +281,31 @@ def test_version_override(monkeypatch):
 def test_unknown_kind_rejected():
     with pytest.raises(ValueError):
         R.PatchSpec("x", MOD, "A", "b", "slot", register_wrapper)
+
+
+def test_factory_guard_refuses_a_nixl_connector_the_patches_did_not_reach(tree, monkeypatch):
+    """The invariant of patches/kv_connector_factory.py, on the fake tree: a NIXL connector
+    created while this release's NIXL patch set is not applied stops with the cause."""
+    from xlkv_autopatch.errors import XlkvNotAttachedError
+    from xlkv_autopatch.patches import kv_connector_factory as guard
+
+    class NixlConnector(tree.Pull):  # what vLLM's factory would create
+        pass
+
+    waiting = R.PatchGroup("waits-for-a-missing-module", "fakevllm_xlkv_test.gone", ">=0.25,<0.34", specs())
+    reg = make_registry([group(), waiting])
+    reg.state.version = "0.25.1"
+    monkeypatch.setenv("XLKV_VLLM_VERSION", "0.25.1")
+    with pytest.raises(XlkvNotAttachedError) as e:
+        guard.check(NixlConnector(), reg)
+    msg = str(e.value)
+    assert "no xlkv wrapper on" in msg and "patch set fake (for vLLM >=0.25,<0.34) did not attach" in msg
+    assert "fakevllm_xlkv_test.gone was never imported" in msg and "unset XLKV_VLLM_VERSION" in msg
+    reg.apply_group(group())
+    with pytest.raises(XlkvNotAttachedError, match="waits-for-a-missing-module"):
+        guard.check(NixlConnector(), reg)  # wrappers in place, but a set of this release is missing
+    reg = make_registry([group()])
+    reg.state.version = "0.25.1"
+    reg.apply_group(group())
+    guard.check(NixlConnector(), reg)  # everything in place: no complaint
+    guard.check(object(), make_registry([waiting]))  # not a NIXL connector: not checked

@@ -1,14 +1,13 @@
-"""Shared vLLM glue for the patches: version facts, strict mode, once-only logging,
-module names.  Reads vLLM objects; decides nothing itself (see :mod:`..layout`)."""
+"""Shared vLLM glue for the patches: module names, strict mode and fallbacks, reading
+configs, binding wrapped arguments.  Reads vLLM objects; decides nothing itself (the
+rules are in :mod:`..layout`, the release differences in :mod:`..facts`)."""
 
-import logging
 import os
-import threading
 
-from .. import versions
+from ..flag import truthy
 from ..errors import XlkvError
-
-logger = logging.getLogger("vllm.xlkv_autopatch")
+from ..logs import logger, once
+from . import _state
 
 V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
 N = V1 + ".nixl_connector"  # 0.12-0.19: one module
@@ -18,43 +17,23 @@ W = PKG + ".worker"
 BW = PKG + ".base_worker"
 MC = V1 + ".multi_connector"
 CFG = "vllm.config.vllm"
+FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
 
 NIXL_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
 
-_once_lock = threading.Lock()
-_once = set()
-
-
-def release():
-    """(major, minor, patch) of the installed vLLM (the release a dev build belongs to)."""
-    v = versions.parse(versions.vllm_version() or "0")
-    rel = tuple(v.release) if v is not None else (0,)
-    return (rel + (0, 0, 0))[:3]
-
-
-def once(key):
-    with _once_lock:
-        if key in _once:
-            return False
-        _once.add(key)
-        return True
-
-
-def info_once(key, msg, *args):
-    if once(("info", key)):
-        logger.info("xlkv_autopatch: " + msg, *args)
-
 
 def strict():
-    return os.environ.get("XLKV_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+    return truthy(os.environ.get("XLKV_STRICT"))
 
 
 def fallback(key, reason):
     """ENABLE_XLKV is on but this configuration keeps the stock layout.
 
-    One WARNING per process and cause; with XLKV_STRICT=1 an error instead.
+    One WARNING per process and cause; with XLKV_STRICT=1 an error instead.  The reason
+    is remembered, so a handshake refusal can name it.
     """
     message = "ENABLE_XLKV is set but the stock per-layer KV layout is kept: %s" % reason
+    _state.note_stock_reason(reason)
     if strict():
         raise XlkvError("xlkv_autopatch: %s (XLKV_STRICT=1 makes this an error; unset XLKV_STRICT to run "
                         "with the stock layout, or unset ENABLE_XLKV)" % message)
@@ -92,7 +71,11 @@ def spec_names(kv_cache_config):
 
 
 def bind(args, kwargs, *names):
-    """Positional-or-keyword arguments of a wrapped call, by name (self excluded)."""
+    """Positional-or-keyword arguments of a wrapped call, by name (self excluded).
+
+    Only for targets whose PatchSpec checks ``params``: the positions are the ones the
+    registry verified before patching.
+    """
     out = []
     for i, n in enumerate(names):
         if n in kwargs:

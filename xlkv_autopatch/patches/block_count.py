@@ -17,7 +17,8 @@ How
     regions disagree or hold fewer blocks than the budget; on 0.18-0.28, where both counts live in
     ``num_blocks`` / ``_logical_num_blocks``, raises them to the tensors' real count
     (INFO line); on 0.29+ (per-layer counts come from the KV cache config) refuses
-    over-allocation instead.  An assertion of vLLM's own registration under xlkv's
+    over-allocation instead.  Where xlkv kept the stock layout (a fallback), over-allocated
+    tensors are left to vLLM's own registration: the shim changes nothing there.  An assertion of vLLM's own registration under xlkv's
     block-outermost layout (0.29+: e.g. a view it cannot partition into NIXL regions) is
     re-raised naming the layout, the failed check and the fix.  After registration it
     logs the regions and descriptors per block once.
@@ -27,15 +28,13 @@ Removal
     When vLLM derives the registered block count from the tensors.
 """
 
-import logging
 import traceback
 
-from .. import layout
-from ..errors import XlkvMismatchError
-from ._glue import bind, info_once, release
-from .handshake import is_cross_layer
-
-logger = logging.getLogger("vllm.xlkv_autopatch")
+from .. import facts, layout
+from ..errors import XlkvRegistrationError
+from ..logs import info_once
+from . import _state
+from ._glue import bind
 
 
 def _regions(value):
@@ -68,50 +67,59 @@ def _assertion_text(err):
     return "failed: %s" % (frames[-1].line if frames and frames[-1].line else "assertion without a message")
 
 
+def _reconcile(instance, counts, f):
+    """0.18+: the worker indexes the scheduler's budget; make it the tensors' real count."""
+    expected = getattr(instance, "num_blocks", None)
+    ratio = getattr(instance, "_physical_blocks_per_logical_kv_block", 1) or 1
+    if ratio > 1 and isinstance(expected, int) and set(counts.values()) == {expected // ratio}:
+        # 0.29+ views are indexed in logical blocks, each holding `ratio` kernel blocks
+        # (the worker's count is in kernel blocks): the same capacity, nothing to reconcile
+        return
+    if not (isinstance(expected, int) and expected > 0):
+        return
+    try:
+        real, note = layout.reconcile_block_counts(counts, expected)
+    except ValueError as e:
+        raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: %s" % e) from e
+    if not note:
+        return
+    if _state.stock_reasons():
+        return  # xlkv decided on the stock layout here: vLLM's own registration decides, untouched
+    if f.kv_cache_layouts:
+        raise XlkvRegistrationError(
+            "xlkv_autopatch: refusing to register the KV cache with NIXL: %s; vLLM %d.%d takes per-layer block counts "
+            "from the KV cache config, so over-allocated tensors cannot be indexed safely. Fix: allocate exactly "
+            "kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" % ((note,) + f.release[:2]))
+    if real % ratio:
+        raise XlkvRegistrationError("xlkv_autopatch: %d kernel blocks are not a whole number of logical blocks "
+                                    "(ratio %d)" % (real, ratio))
+    instance.num_blocks = real
+    if hasattr(instance, "_logical_num_blocks"):
+        instance._logical_num_blocks = real // ratio
+    info_once("blocks", "%s", note)
+
+
 def register_wrapper(wrapped, instance, args, kwargs):
     (kv_caches,) = bind(args, kwargs, "kv_caches")
     counts = region_block_counts(kv_caches) if isinstance(kv_caches, dict) else {}
-    rel = release()
-    if counts and rel >= (0, 18, 0) and not getattr(instance, "_has_mamba", False):
-        expected = getattr(instance, "num_blocks", None)
-        ratio = getattr(instance, "_physical_blocks_per_logical_kv_block", 1) or 1
-        if ratio > 1 and isinstance(expected, int) and set(counts.values()) == {expected // ratio}:
-            # 0.29+ views are indexed in logical blocks, each holding `ratio` kernel blocks
-            # (the worker's count is in kernel blocks): the same capacity, nothing to reconcile
-            expected = None
-        if isinstance(expected, int) and expected > 0:
-            try:
-                real, note = layout.reconcile_block_counts(counts, expected)
-            except ValueError as e:
-                raise XlkvMismatchError("xlkv_autopatch: refusing to register the KV cache with NIXL: %s" % e) from e
-            if note:
-                if rel >= (0, 29, 0):
-                    raise XlkvMismatchError(
-                        "xlkv_autopatch: refusing to register the KV cache with NIXL: %s; vLLM %d.%d takes per-layer "
-                        "block counts from the KV cache config, so over-allocated tensors cannot be indexed safely. "
-                        "Fix: allocate exactly kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" % ((note,) + rel[:2]))
-                if real % ratio:
-                    raise XlkvMismatchError("xlkv_autopatch: %d kernel blocks are not a whole number of logical "
-                                            "blocks (ratio %d)" % (real, ratio))
-                instance.num_blocks = real
-                if hasattr(instance, "_logical_num_blocks"):
-                    instance._logical_num_blocks = real // ratio
-                info_once("blocks", "%s", note)
+    f = facts.current()
+    if counts and f.budget_block_count and not getattr(instance, "_has_mamba", False):
+        _reconcile(instance, counts, f)
     elif counts and len(set(counts.values())) > 1:
-        raise XlkvMismatchError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
-                                "their block count (%s)" % ", ".join("%s=%d" % kv for kv in sorted(counts.items())[:8]))
+        raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
+                                    "their block count (%s)" % ", ".join("%s=%d" % kv for kv in sorted(counts.items())[:8]))
     try:
         result = wrapped(*args, **kwargs)
     except AssertionError as e:
-        if rel >= (0, 29, 0) and is_cross_layer(instance, rel):
-            raise XlkvMismatchError(
+        if f.kv_cache_layouts and _state.is_cross_layer(instance):
+            raise XlkvRegistrationError(
                 "xlkv_autopatch: vLLM cannot register this KV cache with NIXL in the block-outermost layout xlkv "
                 "asked for (%s). Fix: set VLLM_KV_CACHE_LAYOUT=LBHNC (the stock layout) or unset ENABLE_XLKV"
                 % _assertion_text(e)) from e
         raise
-    regions = getattr(instance, "num_regions", None)
-    blocks = getattr(instance, "num_blocks", None)
+    cross = _state.is_cross_layer(instance)
     info_once("registered", "NIXL registration: %s region(s), %s blocks, %s layout, block lengths %s",
-              regions, blocks, "cross-layer" if is_cross_layer(instance) else "per-layer (stock)",
+              getattr(instance, "num_regions", None), getattr(instance, "num_blocks", None),
+              "cross-layer" if cross else "per-layer (stock)",
               sorted(set(getattr(instance, "block_len_per_layer", []) or []))[:4])
     return result

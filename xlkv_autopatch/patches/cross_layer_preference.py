@@ -27,8 +27,9 @@ Removal
 
 import sys
 
-from .. import layout
-from ._glue import fallback, info_once, release, spec_names
+from .. import facts, layout
+from ..logs import info_once
+from ._glue import fallback, spec_names
 
 OPT_IN = "enable_cross_layers_blocks"
 
@@ -83,7 +84,7 @@ def native_wrapper(wrapped, instance, args, kwargs):
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (vLLM's own guards passed)")
     else:
         fallback("native-guards", "vLLM's cross-layer guards refused (backend not in %s, KV layout not HND, or "
-                                  "a Mamba/hybrid model)" % ", ".join(layout.backends_for(release())))
+                                  "a Mamba/hybrid model)" % ", ".join(facts.current().cross_layer_backends))
     return result
 
 
@@ -96,7 +97,7 @@ def _backport_decision(connector):
     return layout.cross_layer_decision(
         backend=worker.backend_name,
         kv_layout=module.get_kv_cache_layout(),
-        allowed_backends=layout.BACKENDS_0_16,
+        allowed_backends=facts.current().cross_layer_backends,
         use_mla=worker.use_mla,
         has_mamba=has_mamba,
         num_kv_groups=groups or 1,

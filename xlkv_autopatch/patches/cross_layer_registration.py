@@ -22,13 +22,11 @@ Removal
     With 0.12-0.15 support.
 """
 
-import logging
-
 from .. import layout
-from ._glue import bind, info_once, spec_names
-from .compat_hash import remember_hashes
-
-logger = logging.getLogger("vllm.xlkv_autopatch")
+from ..errors import XlkvRegistrationError
+from ..logs import info_once
+from . import _state
+from ._glue import bind, spec_names
 
 
 def _num_layers(connector, worker):
@@ -55,11 +53,11 @@ def redirect_wrapper(wrapped, instance, args, kwargs):
     for d in attn_backend.get_kv_cache_shape(num_blocks, kernel_bs, heads, head_size):
         per_layer *= d
     if per_layer * num_layers != kv_cache.numel():
-        raise ValueError(
+        raise XlkvRegistrationError(
             "xlkv_autopatch: cross-layer tensor %s does not match %d layers of %s KV shape for %d blocks "
             "of %d tokens" % (tuple(kv_cache.shape), num_layers, attn_backend.get_name(), num_blocks, kernel_bs))
     if not kv_cache.is_contiguous():
-        raise ValueError("xlkv_autopatch: the cross-layer KV tensor is not contiguous; refusing to register a copy")
+        raise XlkvRegistrationError("xlkv_autopatch: the cross-layer KV tensor is not contiguous; refusing to register a copy")
     if worker.device_type == "cpu" or worker.use_mla:
         position = -2
     else:
@@ -67,8 +65,8 @@ def redirect_wrapper(wrapped, instance, args, kwargs):
     view = kv_cache.view(layout.registration_view_shape(kv_cache.numel(), num_blocks, kernel_bs, position))
     value = [view] if worker.kv_topo.split_k_and_v else view
     if getattr(worker, "compat_hash", None) is not None:  # 0.13-0.15: tag before the payload is built
-        worker.compat_hash = remember_hashes(worker.compat_hash, cross_layer=True)
-    worker._xlkv_cross_layer = True
+        worker.compat_hash = _state.remember_hashes(worker.compat_hash, cross_layer=True)
+    _state.mark_cross_layer(worker)
     info_once("register-xl", "registering one cross-layer KV tensor %s (%d layers, %d blocks of %d tokens, "
               "%d bytes per block) with NIXL", tuple(kv_cache.shape), num_layers, num_blocks, kernel_bs,
               kv_cache.numel() * kv_cache.element_size() // num_blocks)

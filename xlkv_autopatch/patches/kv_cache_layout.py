@@ -28,7 +28,9 @@ Removal
 import os
 
 from .. import layout
-from ._glue import bind, fallback, info_once
+from ..logs import info_once, logger
+from . import _state
+from ._glue import bind, fallback
 
 
 def _exclusion(vllm_config):
@@ -54,7 +56,9 @@ def _kernel_split(vllm_config):
 
         block_size = vllm_config.cache_config.block_size
         kernel = select_common_block_size(block_size, list(get_current_attn_backends(vllm_config)))
-    except Exception:  # cannot tell here; registration (block_count.py) still refuses with the cause
+    except Exception as e:  # cannot tell here; registration (block_count.py) still refuses with the cause
+        logger.debug("xlkv_autopatch: could not compare the attention kernel block with the KV block (%s: %s); "
+                     "registration checks it", type(e).__name__, e)
         return None
     if isinstance(block_size, int) and isinstance(kernel, int) and kernel < block_size:
         return ("the attention kernel block (%d tokens) is smaller than the KV block (%d tokens), and vLLM's NIXL "
@@ -71,6 +75,7 @@ def layout_wrapper(wrapped, cls, args, kwargs):
         return stock
     decision = layout.layout_decision(stock=stock, env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if not decision.use:
+        _state.note_stock_reason(decision.reason)
         info_once("layout:" + decision.reason, "keeping KV cache layout %s: %s", stock, decision.reason)
         return stock
     info_once("layout", "%s requests KV cache layout %s instead of %s (%s)", getattr(cls, "__name__", cls),

@@ -25,7 +25,8 @@ Removal
 
 import os
 
-from ._glue import fallback, info_once, uses_nixl
+from ..logs import info_once
+from ._glue import fallback, uses_nixl
 
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
 

@@ -1,0 +1,70 @@
+"""State the patches share within one process: what each compatibility hash means, which
+worker registered the cross-layer layout, and why this engine kept the stock layout.
+
+compat_hash.py and cross_layer_registration.py write it, handshake.py and block_count.py
+read it; they import this module, not each other.
+"""
+
+import threading
+
+from .. import facts, layout
+
+PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the stock layout)"
+XLKV = "xlkv's cross-layer KV layout (ENABLE_XLKV=true)"
+NATIVE = "vLLM's own cross-layer opt-in (enable_cross_layers_blocks) without xlkv"
+
+_lock = threading.Lock()
+#: hash -> what a peer publishing it runs
+KNOWN = {}
+#: why this process kept the stock layout although ENABLE_XLKV is on (fallbacks, explicit layout)
+_stock_reasons = []
+
+MARK = "_xlkv_cross_layer"
+
+
+def remember_hashes(stock, cross_layer, native=None):
+    """Record the hashes a peer of this model could publish; return the one to publish.
+
+    ``stock`` is the hash without any layout factor (or, 0.16-0.28, with
+    ``cross_layers_blocks=False``); ``native`` the 0.16-0.28 hash with the flag True.
+    """
+    base = native if native is not None else stock
+    tagged = layout.tag_hash(base)
+    with _lock:
+        KNOWN[stock] = PER_LAYER
+        KNOWN[tagged] = XLKV
+        if native is not None:
+            KNOWN[native] = NATIVE
+    return tagged if cross_layer else stock
+
+
+def describe_hash(value):
+    return KNOWN.get(value)
+
+
+def note_stock_reason(reason):
+    """ENABLE_XLKV is on and this engine keeps the stock layout, for ``reason``."""
+    with _lock:
+        if reason not in _stock_reasons:
+            _stock_reasons.append(reason)
+
+
+def stock_reasons():
+    with _lock:
+        return list(_stock_reasons)
+
+
+def mark_cross_layer(worker):
+    """This worker registers xlkv's cross-layer tensor (0.12-0.15 redirect)."""
+    setattr(worker, MARK, True)
+
+
+def is_cross_layer(worker):
+    """Did this worker register a cross-layer layout (xlkv's or, 0.29+, a whole-row KV layout)?"""
+    if getattr(worker, MARK, False):
+        return True
+    for topo_name in ("transfer_topo", "kv_topo"):
+        topo = getattr(worker, topo_name, None)
+        if topo is not None and getattr(topo, "cross_layers_blocks", False):
+            return True
+    return facts.current().kv_cache_layouts and getattr(worker, "kv_cache_layout", None) in layout.WHOLE_ROW_LAYOUTS

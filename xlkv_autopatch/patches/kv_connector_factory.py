@@ -1,0 +1,84 @@
+"""KVConnectorFactory.create_connector: with ENABLE_XLKV on, a NIXL connector is patched or vLLM stops.
+
+Why
+    Every other patch attaches when the module it targets is imported.  When the vLLM
+    code is not where the release it reports keeps it (``XLKV_VLLM_VERSION`` pointing at
+    another release, a fork, a dev build whose version names the next release), a patch
+    set can wait for a module that is never imported, and vLLM runs stock although the
+    operator asked for the cross-layer layout, with no log line.  Likewise, after vLLM
+    refused an unsupported release once, a second ``import vllm`` in the same process
+    would succeed with nothing patched.
+How
+    The factory classmethod is wrapped for *every* vLLM release (this group is registered
+    whatever the release, supported or not).  After the original created a connector, if
+    it is a NIXL connector (by class name, pull/push included; MultiConnector children are
+    created through the same factory), the wrapper checks that an xlkv wrapper sits on the
+    connector's class hierarchy and, for a worker-side connector, on its worker's class,
+    and that every NIXL patch set of this release was applied.  If not, it raises
+    XlkvNotAttachedError naming the release, the patch sets expected, why they did not
+    attach and the fix; an unsupported release repeats its refusal here.  Documented
+    fallbacks (the stock layout kept with a WARNING) are not affected: the patches are
+    in place there and made that decision.
+vLLM versions
+    All (0.12-0.33 supported; for others it repeats the refusal).  The factory's
+    ``create_connector(cls, config, role, kv_cache_config)`` exists in every one of them;
+    the wrapper reads only the returned object.
+Removal
+    Never while patch sets attach on import: it is the check that they did.
+"""
+
+import os
+
+from .. import registry, versions
+from ..errors import XlkvNotAttachedError, XlkvUnsupportedVersion
+from ._glue import NIXL_CONNECTORS
+
+
+def _is_nixl(connector):
+    return any(k.__name__ in NIXL_CONNECTORS for k in type(connector).__mro__)
+
+
+def problems(connector, reg=None):
+    """What is not in place for ``connector`` (a list of sentences; empty when all is)."""
+    reg = reg or registry.REGISTRY
+    out = []
+    if not reg.attached_to(type(connector)):
+        out.append("no xlkv wrapper on %s.%s or its base classes"
+                   % (type(connector).__module__, type(connector).__qualname__))
+    worker = getattr(connector, "connector_worker", None)
+    if worker is not None and not reg.attached_to(type(worker)):
+        out.append("no xlkv wrapper on its worker %s.%s" % (type(worker).__module__, type(worker).__qualname__))
+    for group, why in reg.unapplied_nixl_groups():
+        out.append("patch set %s (for vLLM %s) did not attach: %s" % (group.name, group.vllm, why))
+    return out
+
+
+def _fix(reg):
+    forced = versions.OVERRIDE
+    if os.environ.get(forced, "").strip():
+        return ("%s=%s tells xlkv which release's patches to use, and that release's code is not what is installed. "
+                "Fix: unset %s (the installed package says vLLM %s), or unset ENABLE_XLKV"
+                % (forced, os.environ[forced], forced, versions.vllm_version(override=False)))
+    return ("this vLLM build's code is not where release %s keeps it (a fork, or a development build between two "
+            "releases). Fix: install a vLLM release xlkv supports (%s), set %s to the release whose code this build "
+            "carries, or unset ENABLE_XLKV" % (reg.state.version, reg.supported, forced))
+
+
+def check(connector, reg=None):
+    reg = reg or registry.REGISTRY
+    if not _is_nixl(connector):
+        return
+    if reg.state.refusal:
+        raise XlkvUnsupportedVersion(reg.state.refusal + " (repeated: vLLM went on to create a NIXL connector)")
+    found = problems(connector, reg)
+    if found:
+        raise XlkvNotAttachedError(
+            "xlkv_autopatch: ENABLE_XLKV is set and vLLM created a NIXL connector (%s), but xlkv's patches are not in "
+            "place for it, so it would run the stock layout: %s. The patch sets were chosen for vLLM %s; %s"
+            % (type(connector).__name__, "; ".join(found), reg.state.version, _fix(reg)))
+
+
+def factory_wrapper(wrapped, cls, args, kwargs):
+    connector = wrapped(*args, **kwargs)
+    check(connector)
+    return connector
