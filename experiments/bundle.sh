@@ -1,37 +1,289 @@
 #!/usr/bin/env bash
-# Moving a vLLM bundle (built by ../shared/gpu/build_bundle.sh VERSION DIR) to a GPU machine.
+# Building a vLLM bundle here and moving it to a GPU machine (no network there).
 #
-#   bundle.sh manifest DIR VERSION   here: write DIR/MANIFEST (version, chunk names, sha256)
+#   bundle.sh build VERSION DIR      here: download vLLM VERSION, what it needs that the GPU image
+#                                    lacks (and, when the release pins another torch than the
+#                                    image's, that torch + its triton/torchvision + the CUDA
+#                                    libraries in XLKV_BUNDLE_LIBS); pack it as one zstd tar
+#                                    split into <= CHUNK_MB chunks DIR/p<NN>; write DIR/MANIFEST
+#   bundle.sh pack SITE DIR VERSION  here: only the packing step of build (a site folder -> chunks)
+#   bundle.sh manifest DIR VERSION   here: (re)write DIR/MANIFEST (version, chunk names, sha256)
 #   bundle.sh stage DIR              GPU machine, once per carried chunk: copy DIR/p*, the
 #                                    zstandard wheel and MANIFEST into /tmp/stage/<DIR>/
 #   bundle.sh setup DIR              GPU machine, after the last chunk: check every chunk
-#                                    against MANIFEST, unpack into $SITE (/tmp/site)
+#                                    against MANIFEST, unpack into $SITE (/tmp/site), then try
+#                                    `import torch` and `import vllm._C` (the ImportError names
+#                                    a missing library) and print versions
 #   bundle.sh check                  is a vLLM in $SITE importable? (prints versions)
 #
 # One device call carries at most 64 MiB, so chunks travel one per call, calls back to back
 # (/tmp survives only while the machine stays warm).  DIR is the bundle folder relative to
-# the repository root (.xfer21, .xfer26).  Chunks of two bundles never mix: each has its own
+# the repository root (.xfer26, .xfer33).  Chunks of two bundles never mix: each has its own
 # /tmp/stage/<DIR>/, and setup replaces a $SITE that holds another vLLM release.
+#
+# A carried torch lies in $SITE itself, next to vLLM: every user puts $SITE on PYTHONPATH,
+# which comes before the image's site-packages, so $SITE's torch/triton win.  torch finds its
+# CUDA libraries by searching sys.path for nvidia/<lib>/lib, in sys.path order: a carried
+# library ($SITE/nvidia/nccl/lib) wins, every other one comes from the image.
+#
+# Build settings (environment):
+#   XLKV_BUNDLE_LIBS   CUDA wheels to carry with a carried torch (default: nvidia-nccl-cu13,
+#                      see experiments/README.md "Bundles for torch-2.13/2.14 releases").
+#                      A bare name takes the version that torch pins; NAME==VER is taken as
+#                      is; "none" carries none.  E.g. XLKV_BUNDLE_LIBS="nvidia-nccl-cu13
+#                      nvidia-cudnn-cu13" after `setup` named libcudnn.
+#   XLKV_BUNDLE_IMAGE  the GPU image's packages (default experiments/build_bundle_image.txt)
+#   XLKV_BUNDLE_SKIP   extra regex of package names to leave out
+#   CHUNK_MB (55; CHUNK_BYTES overrides), ZSTD_LEVEL (12), BUNDLE_WORK (.xfer-tmp/build-VERSION; deleted at the end
+#   unless KEEP_WORK=1)
 set -euo pipefail
 SITE=${SITE:-/tmp/site}
 STAGE_ROOT=${STAGE_ROOT:-/tmp/stage}
-cmd=${1:?usage: bundle.sh manifest|stage|setup|check [DIR] [VERSION]}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cmd=${1:?usage: bundle.sh build|manifest|stage|setup|check [DIR|VERSION] [VERSION|DIR]}
 dir=${2:-}
+PY=${PYTHON:-python3}
 
 site_version() {
-  PYTHONPATH="$SITE" python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || true
+  PYTHONPATH="$SITE" "$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || true
+}
+
+# DIR/MANIFEST: "version V", "torch V" (when carried), "carry NAME==V" (informational),
+# "chunk NAME SHA256", "wheel NAME SHA256"
+write_manifest() {  # DIR VERSION [HEADER_FILE: torch/carry lines; default: the old MANIFEST's]
+  local d=$1 ver=$2 hdr=${3:-} extra
+  [ -d "$d" ] || { echo "no bundle folder $d" >&2; exit 2; }
+  if [ -n "$hdr" ]; then extra=$(grep -E '^(torch|carry) ' "$hdr" || true)
+  else extra=$(grep -E '^(torch|carry) ' "$d/MANIFEST" 2>/dev/null || true); fi
+  ( cd "$d"
+    { echo "version $ver"
+      [ -z "$extra" ] || echo "$extra"
+      for f in $(ls p* | sort); do echo "chunk $f $(sha256sum "$f" | cut -d' ' -f1)"; done
+      for f in zstandard-*.whl; do if [ -f "$f" ]; then echo "wheel $f $(sha256sum "$f" | cut -d' ' -f1)"; fi; done
+    } > MANIFEST.new && mv MANIFEST.new MANIFEST )
+  cat "$d/MANIFEST"
+}
+
+# ---------------------------------------------------------------------------- build (here)
+PLATFORMS="manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_24_x86_64
+  manylinux_2_18_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_31_x86_64
+  manylinux_2_34_x86_64 manylinux_2_35_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64 any"
+# Heavy packages that a FLASH_ATTN / TRITON_ATTN dense-model run never imports (flashinfer is
+# left out: run with VLLM_USE_FLASHINFER_SAMPLER=0).
+SKIP_DEFAULT='flashinfer-cubin|flashinfer-python|flashinfer-jit-cache|tokenspeed-triton|tokenspeed-mla|nvidia-cutlass-dsl.*|tilelang|z3-solver|cuda-tile|quack-kernels|nvidia-cudnn-frontend|fastsafetensors|instanttensor|humming-kernels|nccl-extensions|nccl4py|torch-c-dlpack-ext|supervisor|sentry-sdk|fastapi-cloud-cli|cuda-python|nvidia-cuda-cccl|nvidia-cuda-crt|nvidia-cuda-nvcc|nvidia-cuda-nvdisasm|nvidia-nvvm|pynvvideocodec|torchcodec'
+
+pip_download() {  # DEST REQ...
+  local dest=$1; shift
+  local plat="" p
+  for p in $PLATFORMS; do plat="$plat --platform $p"; done
+  # shellcheck disable=SC2086
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $plat -d "$dest" "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+
+wheel_requires() {  # WHEEL -> Requires-Dist lines without extras, markers evaluated for the GPU machine
+  "$PY" - "$1" <<'EOF'
+import sys, zipfile, re
+z = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in z.namelist() if re.match(r"[^/]+\.dist-info/METADATA$", n))
+env = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+       "python_version": "3.12", "implementation_name": "cpython", "os_name": "posix"}
+try:
+    from packaging.markers import Marker
+except ImportError:
+    Marker = None
+for line in z.read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req, _, marker = line.split(":", 1)[1].strip().partition(";")
+    if "extra" in marker:
+        continue
+    if marker.strip() and Marker is not None and not Marker(marker).evaluate(env):
+        continue
+    print(req.strip())
+EOF
+}
+
+pin_of() {  # NAME < requirement lines -> the version spec (==2.14.0, ~=3.8.0) or nothing
+  "$PY" -c '
+import re, sys
+name = re.sub(r"[-_.]+", "-", sys.argv[1]).lower()
+for line in sys.stdin:
+    m = re.match(r"\s*([A-Za-z0-9_.-]+)(\[[^]]*\])?\s*\(?\s*([^;()]*)", line)
+    if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == name:
+        print(m.group(3).replace(" ", "")); break' "$1"
+}
+
+image_version() {  # NAME -> the image's version, when the image list knows it
+  local n
+  n=$(echo "$1" | tr 'A-Z_.' 'a-z--')
+  awk -F'==' -v n="$n" '{k=tolower($1); gsub(/[_.]/, "-", k); if (k == n && NF > 1) {print $2; exit}}' "$IMAGE_LIST"
+}
+
+build() {
+  local ver=${1:?usage: bundle.sh build VERSION DIR} out=${2:?usage: bundle.sh build VERSION DIR}
+  local repo; repo=$(cd "$HERE/.." && pwd)
+  IMAGE_LIST=${XLKV_BUNDLE_IMAGE:-$HERE/build_bundle_image.txt}
+  local work=${BUNDLE_WORK:-$repo/.xfer-tmp/build-$ver}
+  local chunk_mb=${CHUNK_MB:-55} level=${ZSTD_LEVEL:-12}
+  case "$out" in /*) ;; *) out="$repo/$out" ;; esac
+  git -C "$repo" check-ignore -q "$out/p00" || echo "WARNING: $out is not git-ignored (add /$(basename "$out")/ to .gitignore)" >&2
+  command -v zstd >/dev/null || { echo "build needs zstd here (apt-get install zstd)" >&2; exit 2; }
+  command -v uv >/dev/null || "$PY" -m pip install -q uv
+  rm -rf "$work" && mkdir -p "$work/wheels" "$out"
+
+  # 1. the vLLM wheel and what it pins
+  pip_download "$work/wheels" "vllm==$ver"
+  local vwheel; vwheel=$(ls "$work"/wheels/vllm-*.whl)
+  wheel_requires "$vwheel" > "$work/vllm.requires"
+  local torch_pin image_torch carried=("")
+  torch_pin=$(pin_of torch < "$work/vllm.requires"); torch_pin=${torch_pin#==}
+  image_torch=$(image_version torch)
+  echo "vLLM $ver pins torch ${torch_pin:-?}; the image has torch ${image_torch:-?}"
+
+  # 2. vLLM's dependencies for Python 3.12, less what the image has (kept lean: the image's
+  #    own versions are used even where vLLM asks for newer ones, as with 0.21/0.26)
+  sed -E 's/==.*//; /^\s*(#|$)/d; s/$/; sys_platform == "never"/' "$IMAGE_LIST" > "$work/overrides.txt"
+  printf 'vllm==%s\nnixl-cu13\n' "$ver" > "$work/req.in"
+  uv pip compile -q "$work/req.in" --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+    --override "$work/overrides.txt" -o "$work/req.txt"
+  local skip="^($SKIP_DEFAULT${XLKV_BUNDLE_SKIP:+|$XLKV_BUNDLE_SKIP})(\[[^]]*\])?=="
+  grep -vE '^\s*#|^\s*$' "$work/req.txt" | grep -viE "$skip" | grep -viE '^vllm==' > "$work/req.slim.txt"
+  echo nixl >> "$work/req.slim.txt"   # meta package that provides `import nixl`
+
+  # 3. torch, when the release pins another one than the image's
+  if [ -n "$torch_pin" ] && [ "$torch_pin" != "$image_torch" ]; then
+    pip_download "$work/wheels" "torch==$torch_pin"
+    local twheel; twheel=$(ls "$work"/wheels/torch-*.whl)
+    wheel_requires "$twheel" > "$work/torch.requires"
+    local extra=("torch==$torch_pin") spec name lib
+    spec=$(pin_of triton < "$work/torch.requires"); [ -z "$spec" ] || extra+=("triton$spec")
+    for name in torchvision torchaudio; do
+      spec=$(pin_of "$name" < "$work/vllm.requires")
+      # the image's torchvision/torchaudio are built for its torch: carry vLLM's pin if it differs
+      if [ -n "$spec" ] && [ "${spec#==}" != "$(image_version "$name")" ]; then extra+=("$name$spec"); fi
+    done
+    for lib in ${XLKV_BUNDLE_LIBS-nvidia-nccl-cu13}; do
+      [ "$lib" != none ] || continue
+      case "$lib" in
+        *==*) extra+=("$lib") ;;
+        *) spec=$(pin_of "$lib" < "$work/torch.requires")
+           if [ -z "$spec" ]; then echo "torch $torch_pin does not pin $lib: give $lib==VERSION" >&2; exit 2; fi
+           if [ "${spec#==}" = "$(image_version "$lib")" ]; then echo "$lib$spec: the image has it, not carried"
+           else extra+=("$lib$spec"); fi ;;
+      esac
+    done
+    echo "carrying with torch: ${extra[*]}"
+    pip_download "$work/wheels" "${extra[@]:1}"
+    # MANIFEST names the versions downloaded (triton~=3.8.0 -> triton==3.8.0)
+    for spec in "${extra[@]}"; do
+      name=$(echo "$spec" | sed -E 's/[=~<>!].*//' | tr 'A-Z-' 'a-z_')
+      w=$(ls "$work"/wheels/ | awk -F- -v n="$name" 'tolower($1) == n {print $2; exit}')
+      carried+=("carry ${spec%%[=~<>!]*}==${w:-?}")
+    done
+    carried=("torch $torch_pin" "${carried[@]}")
+  fi
+  pip_download "$work/wheels" -r "$work/req.slim.txt"
+
+  # 4. unpack into one site folder (unzip keeps the executable bits: triton's ptxas)
+  local site="$work/site" w d
+  mkdir -p "$site"
+  for w in "$work"/wheels/*.whl; do unzip -q -o "$w" -d "$site"; done
+  for d in "$site"/*.data; do
+    [ -d "$d" ] || continue
+    for sub in purelib platlib; do [ -d "$d/$sub" ] && cp -a "$d/$sub/." "$site/"; done
+    rm -rf "$d"
+  done
+  # never imported in these runs: nixl's EP builds, FA2 (FA3 on Hopper), headers, static
+  # libraries, test libraries
+  rm -rf "$site/nixl_ep" "$site"/nixl_ep_cu1* "$site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
+    "$site/vllm/third_party/deep_gemm/include" "$site/triton/instrumentation/libGPUInstrumentationTestLib.so"
+  find "$site" -name '*.a' -path '*/triton/*' -delete
+  find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  local payload; payload=$(du -sm "$site" | cut -f1)
+
+  # 5. one zstd tar, split; the zstandard wheel unpacks it on the machine (zstd may be absent)
+  rm -f "$out"/zstandard-*.whl
+  pip_download "$out" zstandard
+  printf '%s\n' "${carried[@]}" > "$work/carried.txt"
+  pack "$site" "$out" "$ver" "$work/carried.txt"
+  [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$work"
+  echo "bundle $out: vLLM $ver, payload ${payload} MB unpacked"
+  ls -l "$out"
+  echo "chunks: $(ls "$out"/p[0-9]* | wc -l), $(du -cm "$out"/p[0-9]* | tail -1 | cut -f1) MB"
+}
+
+# pack SITE_DIR OUT VERSION [HEADER_FILE]: one compressed tar of SITE_DIR split into chunks
+# OUT/p00, p01, ... of at most CHUNK_BYTES (default CHUNK_MB=55 MB), then OUT/MANIFEST.
+# BUNDLE_COMPRESS: zstd (default; setup needs the zstandard wheel in OUT) or xz (Python's lzma).
+pack() {
+  local site=$1 out=$2 ver=$3 hdr=${4:-}
+  local bytes=${CHUNK_BYTES:-$(( ${CHUNK_MB:-55} * 1000 * 1000 ))}
+  mkdir -p "$out"
+  rm -f "$out"/p[0-9]* "$out/MANIFEST"
+  case "${BUNDLE_COMPRESS:-zstd}" in
+    zstd) tar -C "$site" -cf - . | zstd -q -T0 "-${ZSTD_LEVEL:-12}" | split -b "$bytes" -d -a 2 - "$out/p" ;;
+    xz)   tar -C "$site" -cf - . | xz -q -T0 -6 | split -b "$bytes" -d -a 2 - "$out/p" ;;
+    *) echo "BUNDLE_COMPRESS must be zstd or xz" >&2; exit 2 ;;
+  esac
+  write_manifest "$out" "$ver" "$hdr"
+}
+
+# ---------------------------------------------------------------------------- GPU machine
+# What setup and check import, with $SITE first on PYTHONPATH (as lib.sh and run_gpu_cell.sh
+# put it).  Each probe prints one line; an exception prints its type and message in full.
+probe() {
+  PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 "$PY" - "$@" <<'EOF'
+import importlib, importlib.metadata as m, sys, traceback
+want_torch = sys.argv[1] if len(sys.argv) > 1 else ""
+bad = 0
+def step(label, fn):
+    global bad
+    try:
+        print(f"{label}: {fn()}", flush=True)
+    except BaseException as e:  # noqa: BLE001 - report everything, ImportError above all
+        bad = 1
+        print(f"{label}: FAILED {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc(limit=-3, file=sys.stdout)
+def torch_line():
+    import torch
+    line = f"{torch.__version__} cuda_available={torch.cuda.is_available()} from {torch.__file__}"
+    if want_torch and not torch.__version__.startswith(want_torch):
+        raise ImportError(f"torch {torch.__version__} from {torch.__file__}, but the bundle carries {want_torch}")
+    return line
+step("import torch", torch_line)
+step("import vllm._C", lambda: f"ok ({importlib.import_module('vllm._C').__file__})")
+def versions():
+    out = [f"vllm {m.version('vllm')}"]
+    import torch
+    out += [f"torch {torch.__version__}", f"cuda {torch.version.cuda}", f"gpus {torch.cuda.device_count()}"]
+    for name in ("triton", "torchvision", "nixl-cu13", "transformers"):
+        try: out.append(f"{name} {m.version(name)}")
+        except m.PackageNotFoundError: out.append(f"{name} -")
+    try: out.append("nccl " + ".".join(map(str, torch.cuda.nccl.version())))
+    except Exception as e: out.append(f"nccl ? ({e})")
+    try: out.append(f"cudnn {torch.backends.cudnn.version()}")
+    except Exception as e: out.append(f"cudnn ? ({type(e).__name__}: {e})")
+    return ", ".join(out)
+step("versions", versions)
+def nixl_line():
+    import nixl._api  # noqa: F401
+    return "ok"
+step("import nixl._api", nixl_line)
+sys.exit(bad)
+EOF
 }
 
 case "$cmd" in
+build)
+  build "${2:-}" "${3:-}"
+  ;;
+pack)
+  pack "${2:?usage: bundle.sh pack SITE DIR VERSION}" "${3:?DIR}" "${4:?VERSION}" "${5:-}"
+  ;;
 manifest)
   ver=${3:?version}
-  [ -d "$dir" ] || { echo "no bundle folder $dir" >&2; exit 2; }
-  ( cd "$dir"
-    { echo "version $ver"
-      for f in $(ls p* | sort); do echo "chunk $f $(sha256sum "$f" | cut -d' ' -f1)"; done
-      for f in zstandard-*.whl; do if [ -f "$f" ]; then echo "wheel $f $(sha256sum "$f" | cut -d' ' -f1)"; fi; done
-    } > MANIFEST )
-  cat "$dir/MANIFEST"
+  write_manifest "$dir" "$ver"
   ;;
 stage)
   [ -n "$dir" ] || { echo "usage: bundle.sh stage DIR" >&2; exit 2; }
@@ -44,26 +296,31 @@ stage)
     if [ -f "$dir/MANIFEST" ] && [ "$(basename "$f")" != MANIFEST ]; then
       want=$(awk -v n="$(basename "$f")" '$2 == n {print $3}' "$dir/MANIFEST")
       got=$(sha256sum "$dest/$(basename "$f")" | cut -d' ' -f1)
-      if [ -n "$want" ] && [ "$want" != "$got" ]; then echo "CHECKSUM MISMATCH: $f" >&2; exit 2; fi
+      if [ -n "$want" ] && [ "$want" != "$got" ]; then echo "CHECKSUM MISMATCH: $f" >&2; rm -f "$dest/$(basename "$f")"; exit 2; fi
     fi
     echo "staged $f"
   done
-  [ $n -gt 0 ] || { echo "nothing to stage in $dir (carry $dir/p<N>)" >&2; exit 2; }
+  [ $n -gt 0 ] || { echo "nothing to stage in $dir (carry $dir/p<NN>)" >&2; exit 2; }
   echo "in $dest now: $(cd "$dest" && ls | xargs)"
+  if [ -f "$dest/MANIFEST" ]; then
+    left=$(cd "$dest" && awk '$1 == "chunk" || $1 == "wheel" {print $2}' MANIFEST | while read -r f; do [ -f "$f" ] || printf '%s ' "$f"; done)
+    echo "still to stage: ${left:-nothing (run setup)}"
+  fi
   ;;
 setup)
   [ -n "$dir" ] || { echo "usage: bundle.sh setup DIR" >&2; exit 2; }
   src="$STAGE_ROOT/$(basename "$dir")"
   [ -d "$src" ] || { echo "nothing staged in $src" >&2; exit 2; }
   cd "$src"
-  want_ver=""
+  want_ver=""; want_torch=""
   if [ -f MANIFEST ]; then
     want_ver=$(awk '$1 == "version" {print $2}' MANIFEST)
+    want_torch=$(awk '$1 == "torch" {print $2}' MANIFEST)
     missing=0
     while read -r kind name sum; do
       [ "$kind" = chunk ] || [ "$kind" = wheel ] || continue
       if [ ! -f "$name" ]; then echo "MISSING: $name (stage it: carry $dir/$name)" >&2; missing=1
-      elif [ "$(sha256sum "$name" | cut -d' ' -f1)" != "$sum" ]; then echo "CORRUPT: $name" >&2; missing=1; fi
+      elif [ "$(sha256sum "$name" | cut -d' ' -f1)" != "$sum" ]; then echo "CORRUPT: $name (stage it again)" >&2; missing=1; fi
     done < MANIFEST
     [ $missing = 0 ] || exit 2
   fi
@@ -72,22 +329,39 @@ setup)
     echo "$SITE already holds vLLM $have"
   else
     [ -z "$have" ] || echo "replacing vLLM $have in $SITE by $want_ver"
-    rm -rf "$SITE" /tmp/zs && mkdir -p "$SITE"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/zs zstandard-*.whl
-    # the chunks are one zstd-compressed tar, split: join them in name order and unpack
-    cat $(ls p* | sort) | PYTHONPATH=/tmp/zs python3 -c '
-import sys, tarfile, zstandard
-stream = zstandard.ZstdDecompressor().stream_reader(sys.stdin.buffer)
-tarfile.open(fileobj=stream, mode="r|").extractall(sys.argv[1])
+    zs="$STAGE_ROOT/.zstandard"
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    first=$(ls p* | sort | head -1)
+    if [ "$(head -c 4 "$first" | od -An -tx1 | tr -d ' \n')" = 28b52ffd ] &&
+       ! PYTHONPATH="$zs" "$PY" -c 'import zstandard' 2>/dev/null; then
+      rm -rf "$zs"
+      "$PY" -m pip install -q --no-index --no-deps --target "$zs" zstandard-*.whl
+    fi
+    # the chunks are one compressed tar (zstd, or xz), split: join them in name order, unpack
+    # shellcheck disable=SC2046
+    cat $(ls p* | sort) | PYTHONPATH="$zs" "$PY" -c '
+import sys, tarfile
+src = sys.stdin.buffer
+head = src.peek(4)[:4] if hasattr(src, "peek") else b""
+if head == b"\x28\xb5\x2f\xfd":
+    import zstandard
+    src = zstandard.ZstdDecompressor().stream_reader(src)
+    mode = "r|"
+else:
+    mode = "r|*"   # xz / gzip: the standard library
+with tarfile.open(fileobj=src, mode=mode) as t:
+    if hasattr(tarfile, "data_filter"):
+        t.extractall(sys.argv[1], filter="fully_trusted")
+    else:
+        t.extractall(sys.argv[1])
 ' "$SITE"
+    echo "unpacked into $SITE: $(du -sm "$SITE" | cut -f1) MB"
   fi
-  exec bash "$0" check
+  [ -z "$want_torch" ] || echo "the bundle carries torch $want_torch: $(grep '^carry ' MANIFEST | cut -d' ' -f2 | xargs)"
+  probe "$want_torch"
   ;;
 check)
-  PYTHONPATH="$SITE" VLLM_USE_FLASHINFER_SAMPLER=0 python3 -c '
-import importlib.metadata as m, torch
-import nixl._api  # noqa: F401
-print("vllm", m.version("vllm"), "nixl ok", "torch", torch.__version__, "gpus", torch.cuda.device_count())'
+  probe
   ;;
-*) echo "unknown command $cmd" >&2; exit 2 ;;
+*) echo "unknown command $cmd (build manifest stage setup check)" >&2; exit 2 ;;
 esac

@@ -1,0 +1,192 @@
+"""experiments/bundle.sh without network or GPU: a tiny fake bundle goes through pack
+(compress + split + MANIFEST), stage (one chunk per "call"), setup (verify, unpack, import
+probes) and check.  The fake site holds a fake torch, vllm (with vllm._C) and nixl; a fake
+"image" site-packages on PYTHONPATH holds another torch, which must lose to $SITE's."""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "experiments" / "bundle.sh"
+CHUNK = 4096
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("xz") and shutil.which("tar") and shutil.which("split")),
+    reason="needs tar, xz and split")
+
+FAKE_TORCH = '''
+__version__ = "{version}"
+class _Nccl:
+    @staticmethod
+    def version(): return (2, 30, 7)
+class cuda:
+    nccl = _Nccl
+    @staticmethod
+    def is_available(): return False
+    @staticmethod
+    def device_count(): return 0
+class version:
+    cuda = "13.0"
+class backends:
+    class cudnn:
+        @staticmethod
+        def version(): return 92400
+'''
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _dist_info(site: Path, name: str, version: str) -> None:
+    _write(site / f"{name}-{version}.dist-info" / "METADATA",
+           f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def make_site(root: Path, vllm_c: str = "") -> Path:
+    site = root / "fakesite"
+    _write(site / "torch" / "__init__.py", FAKE_TORCH.format(version="9.9.0+cu130"))
+    _dist_info(site, "torch", "9.9.0+cu130")
+    _write(site / "vllm" / "__init__.py", "")
+    _write(site / "vllm" / "_C.py", vllm_c)
+    _dist_info(site, "vllm", "0.99.0")
+    _write(site / "nixl" / "__init__.py", "")
+    _write(site / "nixl" / "_api.py", "")
+    # incompressible payload, so that the bundle needs several chunks
+    lib = site / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(os.urandom(5 * CHUNK + 123))
+    return site
+
+
+def make_image(root: Path) -> Path:
+    image = root / "image-site-packages"
+    _write(image / "torch" / "__init__.py", FAKE_TORCH.format(version="1.0.0+image"))
+    return image
+
+
+def run(args, root: Path, cwd: Path, env_extra=None, check=True):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SITE", "STAGE_ROOT")}
+    env.update(SITE=str(root / "site"), STAGE_ROOT=str(root / "stage"), PYTHON=sys.executable,
+               CHUNK_BYTES=str(CHUNK), BUNDLE_COMPRESS="xz")
+    env.update(env_extra or {})
+    p = subprocess.run(["bash", str(BUNDLE), *args], cwd=cwd, env=env, text=True,
+                       capture_output=True, timeout=120)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def build(root: Path, vllm_c: str = "") -> Path:
+    """pack into <root>/checkout/.xferT (the folder a call carries), with a torch header"""
+    site = make_site(root, vllm_c)
+    checkout = root / "checkout"
+    hdr = root / "carried.txt"
+    hdr.write_text("torch 9.9.0\ncarry torch==9.9.0\ncarry nvidia-nccl-cu13==2.30.7\n")
+    run(["pack", str(site), str(checkout / ".xferT"), "0.99.0", str(hdr)], root, cwd=root)
+    return checkout
+
+
+def chunks(bundle: Path):
+    return sorted(p for p in bundle.iterdir() if p.name.startswith("p"))
+
+
+def stage_one_per_call(root: Path, checkout: Path) -> None:
+    """each device call's working tree holds one chunk (and MANIFEST with the first)"""
+    for i, chunk in enumerate(chunks(checkout / ".xferT")):
+        call = root / f"call{i}"
+        (call / ".xferT").mkdir(parents=True)
+        shutil.copy(chunk, call / ".xferT")
+        if i == 0:
+            shutil.copy(checkout / ".xferT" / "MANIFEST", call / ".xferT")
+        out = run(["stage", ".xferT"], root, cwd=call).stdout
+        assert f"staged .xferT/{chunk.name}" in out
+
+
+def test_pack_splits_into_chunks_within_the_limit_and_lists_them(tmp_path):
+    checkout = build(tmp_path)
+    parts = chunks(checkout / ".xferT")
+    assert len(parts) >= 5
+    assert all(p.stat().st_size <= CHUNK for p in parts)
+    assert [p.name for p in parts] == [f"p{i:02d}" for i in range(len(parts))]
+    manifest = (checkout / ".xferT" / "MANIFEST").read_text().splitlines()
+    assert manifest[0] == "version 0.99.0"
+    assert "torch 9.9.0" in manifest and "carry nvidia-nccl-cu13==2.30.7" in manifest
+    listed = {line.split()[1]: line.split()[2] for line in manifest if line.startswith("chunk ")}
+    assert listed == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in parts}
+    # manifest rewrites keep the torch/carry lines
+    run(["manifest", ".xferT", "0.99.0"], tmp_path, cwd=checkout)
+    assert (checkout / ".xferT" / "MANIFEST").read_text().splitlines() == manifest
+
+
+def test_stage_setup_check_puts_site_torch_ahead_of_the_image(tmp_path):
+    checkout = build(tmp_path)
+    stage_one_per_call(tmp_path, checkout)
+    image = make_image(tmp_path)
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path / "call0", env_extra={"PYTHONPATH": str(image)})
+    out = p.stdout
+    site = tmp_path / "site"
+    assert (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").stat().st_size == 5 * CHUNK + 123
+    assert "the bundle carries torch 9.9.0: torch==9.9.0 nvidia-nccl-cu13==2.30.7" in out
+    assert f"import torch: 9.9.0+cu130 cuda_available=False from {site}/torch/__init__.py" in out
+    assert "import vllm._C: ok" in out
+    assert "vllm 0.99.0, torch 9.9.0+cu130" in out and "nccl 2.30.7" in out
+    # a second setup finds the release unpacked; check prints the same versions
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path, env_extra={"PYTHONPATH": str(image)})
+    assert "already holds vLLM 0.99.0" in p.stdout
+    p = run(["check"], tmp_path, cwd=tmp_path, env_extra={"PYTHONPATH": str(image)})
+    assert "import torch: 9.9.0+cu130" in p.stdout and "import nixl._api: ok" in p.stdout
+
+
+def test_setup_fails_when_the_image_torch_wins(tmp_path):
+    """a bundle whose MANIFEST names a torch the site lacks: the probe says so and fails"""
+    checkout = build(tmp_path)
+    shutil.rmtree(tmp_path / "fakesite" / "torch")
+    hdr = tmp_path / "carried.txt"
+    run(["pack", str(tmp_path / "fakesite"), str(checkout / ".xferT"), "0.99.0", str(hdr)],
+        tmp_path, cwd=tmp_path)
+    stage_one_per_call(tmp_path, checkout)
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path,
+            env_extra={"PYTHONPATH": str(make_image(tmp_path))}, check=False)
+    assert p.returncode != 0
+    assert "import torch: FAILED ImportError: torch 1.0.0+image" in p.stdout
+
+
+def test_setup_names_the_missing_library_of_vllm_C(tmp_path):
+    msg = "libnccl.so.2: cannot open shared object file: No such file or directory"
+    checkout = build(tmp_path, vllm_c=f"raise ImportError({msg!r})\n")
+    stage_one_per_call(tmp_path, checkout)
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path, check=False)
+    assert p.returncode != 0
+    assert f"import vllm._C: FAILED ImportError: {msg}" in p.stdout
+    assert "import torch: 9.9.0+cu130" in p.stdout
+
+
+def test_setup_refuses_a_corrupted_or_missing_chunk(tmp_path):
+    checkout = build(tmp_path)
+    stage_one_per_call(tmp_path, checkout)
+    staged = tmp_path / "stage" / ".xferT"
+    data = bytearray((staged / "p01").read_bytes())
+    data[100] ^= 0xFF
+    (staged / "p01").write_bytes(bytes(data))
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path, check=False)
+    assert p.returncode == 2 and "CORRUPT: p01" in p.stderr
+    assert not (tmp_path / "site").exists()
+    (staged / "p02").unlink()
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path, check=False)
+    assert p.returncode == 2 and "MISSING: p02 (stage it: carry .xferT/p02)" in p.stderr
+
+
+def test_stage_rejects_a_chunk_that_differs_from_the_manifest(tmp_path):
+    checkout = build(tmp_path)
+    bad = chunks(checkout / ".xferT")[0]
+    bad.write_bytes(b"x" + bad.read_bytes()[1:])
+    p = run(["stage", ".xferT"], tmp_path, cwd=checkout, check=False)
+    assert p.returncode == 2 and "CHECKSUM MISMATCH" in p.stderr
+    assert not (tmp_path / "stage" / ".xferT" / bad.name).exists()
