@@ -62,12 +62,16 @@ def cross_layer_decision(
     return Decision(True, "backend %s, HND layout, one KV group" % backend)
 
 
+def explicit_layout_reason(env_layout: str) -> str:
+    return "VLLM_KV_CACHE_LAYOUT=%s is set explicitly and wins" % env_layout
+
+
 def layout_decision(*, stock: Optional[str], env_layout: Optional[str]) -> Decision:
     """Which KV-cache layout to ask vLLM >= 0.29 for."""
     if stock is None:
         return Decision(False, "NixlConnector requests no layout (MLA model or no model config)")
     if env_layout:
-        return Decision(False, "VLLM_KV_CACHE_LAYOUT=%s is set explicitly and wins" % env_layout)
+        return Decision(False, explicit_layout_reason(env_layout))
     return Decision(True, "block-outermost %s: one contiguous row per block across all layers" % BLOCK_OUTERMOST_LAYOUT)
 
 

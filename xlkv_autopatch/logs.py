@@ -26,7 +26,3 @@ def info_once(key, msg, *args):
     if once(("info", key)):
         logger.info("xlkv_autopatch: " + msg, *args)
 
-
-def warning_once(key, msg, *args):
-    if once(("warning", key)):
-        logger.warning("xlkv_autopatch: " + msg, *args)

@@ -25,6 +25,7 @@ Removal
     When the layout is part of upstream's handshake checks for every supported release.
 """
 
+import os
 import re
 
 from .. import facts, layout
@@ -52,6 +53,11 @@ def _hash_in(text, label):
 
 def _local_cause():
     reasons = _state.stock_reasons()
+    env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
+    if facts.current().kv_cache_layouts and env_layout and env_layout not in layout.WHOLE_ROW_LAYOUTS:
+        # vLLM does not ask the connector for a layout then, so no patch saw it: name it here
+        explicit = layout.explicit_layout_reason(env_layout)
+        reasons = reasons if explicit in reasons else reasons + [explicit]
     return ("; here: %s" % "; ".join(reasons)) if reasons else ""
 
 
