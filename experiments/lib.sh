@@ -44,6 +44,9 @@ mkdir -p "$WORK"
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { local code=$1; shift; printf '\nERROR: %s\n' "$*" >&2; exit "$code"; }
 
+# pdtools SUBCOMMAND ...: the helpers package (experiments/pdtools/, see its cli.py).
+pdtools() { "$PY" "$EXP_DIR/pdtools" "$@"; }
+
 # ---------------------------------------------------------------- environment -------------
 # PYTHONPATH: the repository first (its sitecustomize.py activates the shim when
 # ENABLE_XLKV is on; with the flag off it does nothing), then the staged vLLM.
@@ -66,11 +69,15 @@ require_vllm() {
   VLLM_VERSION=$(vllm_version) || true
   if [ -z "${VLLM_VERSION:-}" ]; then
     die "$EXIT_SETUP" "vLLM is not importable (PYTHONPATH=$PYTHONPATH).
-  Stage the bundle first (experiments/README.md: stage_bundle.sh per chunk, then setup_bundle.sh)."
+  Stage the bundle first (experiments/README.md): one call per chunk
+  'bash experiments/run_gpu_cell.sh --bundle DIR stage', then '... --bundle DIR setup'."
   fi
   export VLLM_VERSION
   log "vLLM $VLLM_VERSION from $("$PY" -c 'import importlib.util as u; print(u.find_spec("vllm").origin)' 2>/dev/null)"
 }
+
+# vLLM release staged in $SITE, from its package metadata ("" when there is none).
+site_version() { PYTHONPATH="$SITE" vllm_version || true; }
 
 # version_ge A B: true when release A >= release B (dev/local suffixes ignored).
 version_ge() {
@@ -88,7 +95,7 @@ detect_gpus() {
     GPU_NAMES=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true)
     NGPU=$(printf '%s' "$GPU_NAMES" | grep -c . || true)
   fi
-  GPU_SLUG=$(printf '%s\n' "$GPU_NAMES" | "$PY" "$EXP_DIR/pdtools.py" gpu-slug)
+  GPU_SLUG=$(printf '%s\n' "$GPU_NAMES" | pdtools gpu-slug)
   export NGPU GPU_SLUG
   [ "$NGPU" -gt 0 ]
 }
@@ -169,21 +176,26 @@ http_ok() {
 # ---------------------------------------------------------------- configurations --------------
 # stock      NixlConnector as shipped
 # shim       ENABLE_XLKV=true on P and D (xlkv_autopatch from this checkout)
-# native     vLLM's own opt-in kv_connector_extra_config.enable_cross_layers_blocks (0.16-0.28)
-# native-v1  the same with VLLM_USE_V2_MODEL_RUNNER=0 (0.22-0.28: Model Runner V2, the
+# native     vLLM's own best cross-layer configuration, without the shim:
+#            0.16-0.28 kv_connector_extra_config.enable_cross_layers_blocks;
+#            0.29+     VLLM_KV_CACHE_LAYOUT=BLNHC on P and D (block-outermost KV layout)
+# native-v1  the opt-in with VLLM_USE_V2_MODEL_RUNNER=0 (0.22-0.28: Model Runner V2, the
 #            default there, ignores the opt-in)
+# nc-<cfg>   negative control (equivalence only): <cfg>, and D corrupts the KV it received
+#            (experiments/negative_control/, on D's PYTHONPATH only; NC_CORRUPTION says how)
 # config_supported CONFIG -> prints why not and returns 1 when the release lacks it.
 config_supported() {
   case "$1" in
     stock) return 0 ;;
     shim) shim_supported ;;
     native)
-      if version_ge "$VLLM_VERSION" 0.16 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
-      echo "native: enable_cross_layers_blocks exists in vLLM 0.16-0.28 only (this is $VLLM_VERSION)"; return 1 ;;
+      if version_ge "$VLLM_VERSION" 0.16; then return 0; fi
+      echo "native: vLLM's own cross-layer blocks exist from 0.16 on (enable_cross_layers_blocks 0.16-0.28, VLLM_KV_CACHE_LAYOUT=BLNHC 0.29+; this is $VLLM_VERSION)"; return 1 ;;
     native-v1)
       if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
       echo "native-v1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
-    *) echo "unknown config '$1' (stock, shim, native, native-v1)"; return 1 ;;
+    nc-*) config_supported "${1#nc-}" ;;
+    *) echo "unknown config '$1' (stock, shim, native, native-v1, nc-<config>)"; return 1 ;;
   esac
 }
 
@@ -211,14 +223,23 @@ print("yes" if j.get("supported") and sets and good else "no")' 2>/dev/null || e
   return 1
 }
 
-# Sets CFG_ENV (array of VAR=value) and CFG_KV_EXTRA (JSON or empty) for a config.
+# Sets CFG_ENV (array of VAR=value, both servers), CFG_D_ENV (D only) and CFG_KV_EXTRA (JSON
+# or empty) for a config.
+NC_DIR="$EXP_DIR/negative_control"
 config_env() {
-  CFG_ENV=(); CFG_KV_EXTRA=""
+  CFG_ENV=(); CFG_D_ENV=(); CFG_KV_EXTRA=""
   case "$1" in
     stock) ;;
     shim) CFG_ENV=(ENABLE_XLKV=true) ;;
-    native) CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}' ;;
+    native)
+      if version_ge "${VLLM_VERSION:-0}" 0.29; then CFG_ENV=(VLLM_KV_CACHE_LAYOUT=BLNHC)
+      else CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; fi ;;
     native-v1) CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; CFG_ENV=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
+    nc-*)
+      config_env "${1#nc-}"
+      # the hook's sitecustomize.py goes first on D's PYTHONPATH and chains to the next one
+      # (the checkout's, which turns the shim on where ENABLE_XLKV is set)
+      CFG_D_ENV=(PYTHONPATH="$NC_DIR:$PYTHONPATH" XLKV_NEGATIVE_CONTROL="${NC_CORRUPTION:-shift}") ;;
     *) die "$EXIT_SETUP" "unknown config $1" ;;
   esac
 }
@@ -238,6 +259,7 @@ start_server() {
   # Releases before 0.29 need the HND layout for NIXL (and for the cross-layer path).
   if version_lt "$VLLM_VERSION" 0.29; then envs+=(VLLM_KV_CACHE_LAYOUT="${KV_LAYOUT:-HND}"); fi
   envs+=("${CFG_ENV[@]}")
+  case "$name" in D*) envs+=("${CFG_D_ENV[@]}") ;; esac
   local -a cmd=("$PY" -m vllm.entrypoints.cli.main serve "$MODEL" --host 127.0.0.1 --port "$port"
     --enforce-eager --block-size "$BLOCK_SIZE" --gpu-memory-utilization "$MEM_UTIL"
     --max-model-len "$MAX_MODEL_LEN" --kv-transfer-config "$kvcfg")
@@ -288,7 +310,8 @@ start_pair() {
     --decode "http://127.0.0.1:$PORT_D" > "$PROXY_LOG" 2>&1 < /dev/null &
   PIDS+=($!); PNAMES+=("proxy"); PLOGS+=("$PROXY_LOG")
   wait_ready proxy "http://127.0.0.1:$PORT_PROXY/health" "${PIDS[-1]}" "$PROXY_LOG" 60
-  if [ "$cfg" = shim ]; then check_shim_active "$P_LOG" "$D_LOG"; fi
+  case "$cfg" in shim|nc-shim) check_shim_active "$P_LOG" "$D_LOG" ;; esac
+  case "$cfg" in nc-*) check_negative_control_active "$D_LOG" ;; esac
 }
 
 # The shim logs "xlkv_autopatch: <patch> is active in this process" when it patches.
@@ -300,6 +323,13 @@ check_shim_active() {
     fi
   done
   return 0 # the descriptor count is the real proof; this is only a hint
+}
+
+# The negative-control hook logs "xlkv negative control: armed" in D when it loaded.
+check_negative_control_active() {
+  if ! grep -q "xlkv negative control: armed" "$1"; then
+    log "WARNING: the negative-control hook did not load in D ($1)"; return 0
+  fi
 }
 
 # Stops everything started here (process groups), newest first, and waits for the ports.
@@ -341,14 +371,13 @@ ensure_model() {
     [ -f "$MODEL/config.json" ] || die "$EXIT_SETUP" "MODEL=$MODEL has no config.json"
   else
     MODEL=/tmp/xlkv-model
-    if [ ! -f "$MODEL/.complete" ]; then
-      log "generating the random-weight model into $MODEL"
-      PYTHONPATH="" "$PY" "$EXP_DIR/make_model.py" "$MODEL" || die "$EXIT_SETUP" "make_model.py failed"
-    fi
+    # make_model.py returns at once when $MODEL holds a model made with the same settings
+    # (its .complete marker), and rewrites one made otherwise (e.g. before --init varied)
+    PYTHONPATH="" "$PY" "$EXP_DIR/make_model.py" "$MODEL" >&2 || die "$EXIT_SETUP" "make_model.py failed"
   fi
   export MODEL
   local tp=$((TP_P > TP_D ? TP_P : TP_D))
-  BYTES_PER_BLOCK=$("$PY" "$EXP_DIR/pdtools.py" block-bytes "$MODEL" --block-size "$BLOCK_SIZE" --tp "$tp")
+  BYTES_PER_BLOCK=$(pdtools block-bytes "$MODEL" --block-size "$BLOCK_SIZE" --tp "$tp")
   export BYTES_PER_BLOCK
 }
 

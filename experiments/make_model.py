@@ -6,10 +6,22 @@ The weights are random (seeded), so the text is meaningless, but every shape tha
 for KV-cache transfers is the real one: 28 layers, 8 KV heads, head_dim 128, bf16 — one KV
 block of 16 tokens is 16 * 28 * 2 * 8 * 128 * 2 B = 1.75 MiB.
 
+Initialisation ("varied", the default): transformers' own init (normal, std 0.02) leaves a
+28-layer random model in a fixed point: greedy decoding repeats one id whatever the prompt, so
+an equivalence check over its outputs could hardly fail.  Here the input projections of every
+layer (q, k, v, gate, up) are drawn with std ``--proj-std`` 0.03 and the output projections
+(o_proj, down_proj) with ``--out-std`` 0.01: the residual stream keeps the token and its
+context apart through all 28 layers, and greedy outputs vary with the prompt (CPU check with
+transformers, 28 layers, bf16: 16-20 distinct ids in 24 outputs at 17 and 100 tokens; another
+context with the same last 4 tokens changes every output position).  ``--init hf`` keeps the
+old weights (same seed, same bytes as before).  Shapes, dtype and so the KV block size do not
+depend on the initialisation.
+
 The tokenizer maps the word ``w<k>`` to id k (k = 2 .. vocab-1), ``<unk>`` = 0, ``<eos>`` = 1,
 splits on whitespace and adds no special tokens, so a prompt of n words is n tokens.
 
-usage: make_model.py OUTDIR [--layers 28] [--kv-heads 8] [--head-dim 128] [--seed 0] [--force]
+usage: make_model.py OUTDIR [--layers 28] [--kv-heads 8] [--head-dim 128] [--seed 0]
+                     [--init varied|hf] [--proj-std 0.03] [--out-std 0.01] [--force]
 """
 
 import argparse
@@ -61,7 +73,24 @@ def write_tokenizer(out, vocab_size, max_len):
         json.dump({"eos_token": EOS, "unk_token": UNK, "pad_token": EOS}, f, indent=1)
 
 
-def write_model(out, args):
+IN_PROJ = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
+OUT_PROJ = ("o_proj.weight", "down_proj.weight")
+
+
+def reinit_varied(model, seed, proj_std, out_std):
+    """Redraw every layer's projections (see the module docstring); embeddings, norms unchanged."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            std = proj_std if name.endswith(IN_PROJ) else out_std if name.endswith(OUT_PROJ) else None
+            if std is not None:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def build_model(args):
+    """The model in memory (bf16), initialised as ``args`` says."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -73,13 +102,20 @@ def write_model(out, args):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     except TypeError:  # transformers < 4.56 spells it torch_dtype
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    if args.init == "varied":
+        reinit_varied(model, args.seed, args.proj_std, args.out_std)
+    return model
+
+
+def write_model(out, args):
+    model = build_model(args)
     model.save_pretrained(out)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": 1, "pad_token_id": 1, "do_sample": False}, f)
     return sum(p.numel() for p in model.parameters())
 
 
-def main(argv=None):
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="random-weight Qwen3-0.6B-shaped model + word tokenizer")
     ap.add_argument("outdir")
     ap.add_argument("--layers", type=int, default=28)
@@ -88,22 +124,42 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--max-len", type=int, default=40960)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", choices=("varied", "hf"), default="varied",
+                    help="varied: outputs that depend on the prompt (default); hf: transformers' own init")
+    ap.add_argument("--proj-std", type=float, default=0.03, help="varied: std of q/k/v/gate/up")
+    ap.add_argument("--out-std", type=float, default=0.01, help="varied: std of o_proj/down_proj")
     ap.add_argument("--tokenizer-only", action="store_true", help="skip the weights (tests)")
     ap.add_argument("--force", action="store_true", help="rewrite an existing model")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
 
     done = os.path.join(args.outdir, ".complete")
+    keys = ["init", "layers", "kv_heads", "head_dim", "vocab", "seed"]
+    if args.init == "varied":
+        keys += ["proj_std", "out_std"]
     if os.path.exists(done) and not args.force and not args.tokenizer_only:
-        print("model already there: %s (use --force to rewrite)" % args.outdir)
-        return 0
+        try:
+            have = json.load(open(done))
+        except ValueError:
+            have = {}
+        have.setdefault("init", "hf")  # written before --init existed
+        if all(have.get(k) == getattr(args, k) for k in keys):
+            print("model already there: %s (use --force to rewrite)" % args.outdir)
+            return 0
+        print("model in %s was made with other settings (%s): rewriting" % (args.outdir, have))
     os.makedirs(args.outdir, exist_ok=True)
+    if os.path.exists(done) and not args.tokenizer_only:
+        os.remove(done)  # a half-rewritten model must not look finished
     write_tokenizer(args.outdir, args.vocab, args.max_len)
     if args.tokenizer_only:
         print("tokenizer written", args.outdir)
         return 0
     n = write_model(args.outdir, args)
     open(done, "w").write(json.dumps(vars(args)))  # marks a finished write (no half models)
-    print("model written: %s (%d layers, %.0fM parameters)" % (args.outdir, args.layers, n / 1e6))
+    print("model written: %s (%d layers, %.0fM parameters, init %s)" % (args.outdir, args.layers, n / 1e6, args.init))
     return 0
 
 

@@ -88,7 +88,7 @@ for cfg in $CONFIGS; do
       tag="$cfg-$L-$N-r$rep-$(date +%H%M%S)"
       res="$WORK/bench/$tag.json"
       off=$(kv_log_offset "$D_LOG")
-      "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom0"
+      pdtools prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom0"
       log "$cfg L=$L rep $rep/$REPS: $N prompts, seed $seed"
       if ! bench_run "$L" "$N" "$seed" "$res" "$WORK/bench-$tag.log"; then
         tail -n 30 "$WORK/bench-$tag.log" >&2
@@ -97,16 +97,16 @@ for cfg in $CONFIGS; do
       grep -E "Mean TTFT|Median TTFT|P99 TTFT|Mean ITL|Total token throughput|Failed requests" \
         "$WORK/bench-$tag.log" | sed 's/^/    /' >&2 || true
       wait_kv_lines "$D_LOG" "$off" || true
-      "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom1"
-      "$PY" "$EXP_DIR/pdtools.py" kv-run --log "$D_LOG" --offset "$off" \
+      pdtools prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom1"
+      pdtools kv-run --log "$D_LOG" --offset "$off" \
         --prom-before "$WORK/bench/$tag.prom0" --prom-after "$WORK/bench/$tag.prom1" \
         --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" > "$WORK/bench/$tag.kv.json"
       res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json")
     done
     [ ${#res_files[@]} -gt 0 ] || continue
     meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s"}' \
-      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import pdtools; print(pdtools.attention_backend(sys.argv[2]) or "")' "$EXP_DIR" "$D_LOG")")
-    "$PY" "$EXP_DIR/pdtools.py" bench-cell --out "$RESULT_JSON" --config "$cfg" --input-len "$L" \
+      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$(pdtools backend "$D_LOG")")
+    pdtools bench-cell --out "$RESULT_JSON" --config "$cfg" --input-len "$L" \
       --output-len "$OUTPUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" \
       --commands "$COMMANDS_FILE" --bytes-per-block "$BYTES_PER_BLOCK" --vllm-version "$VLLM_VERSION" \
       --gpu "$GPU_SLUG" --equivalence "$EQ_JSON" --run-prefix "$(hostname)-$(date +%s)" --meta "$meta"

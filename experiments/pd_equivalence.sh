@@ -3,16 +3,34 @@
 #
 # For each config in EQ_CONFIGS (default "stock shim") a fresh 1P1D pair is started and the
 # same fixed prompts (EQ_LENGTHS tokens, words w2..w31999 chosen deterministically, greedy,
-# ignore_eos, EQ_MAX_TOKENS new tokens, token ids returned by the server) are sent
+# ignore_eos, EQ_MAX_TOKENS new tokens, token ids and the top-EQ_LOGPROBS logprobs of every
+# position returned by the server) are sent
 #   (a) directly to the decode instance, without kv_transfer_params: local prefill on D;
-#   (b) through the P/D proxy: prefill on P, KV moved by NIXL, decode on D.
-# The baseline is (a) of the first config (stock).  Pass = every run's token ids are
-# identical to the baseline, and the shim's transfers use <= 2 descriptors per KV block
-# (<= 1 on FLASH_ATTN), measured on a single-request probe of PROBE_LEN tokens from D's
-# Prometheus counters (or its "KV Transfer metrics" log lines).
+#   (b) through the P/D proxy: prefill on P, KV moved by NIXL, decode on D.  For every
+#       request of (b) D's Prometheus NIXL counters are read before and after: the blocks D
+#       pulled for that request are recorded, and an answer that moved no KV fails the check.
+# The baseline is (a) of the first config (stock).  Pass =
+#   - every run's token ids are identical to the baseline's;
+#   - logprobs (chosen token and top-5, every prompt and position): with deterministic
+#     kernels identical to the baseline's (max |difference| = 0); with vLLM's default kernels
+#     no P/D config's max difference exceeds stock P/D's (+ EQ_LOGPROB_TOL, default 0);
+#   - every P/D answer moved KV;
+#   - the shim's transfers use <= 2 descriptors per KV block (<= 1 on FLASH_ATTN), measured on
+#     a single-request probe of PROBE_LEN tokens from D's Prometheus counters (or its "KV
+#     Transfer metrics" log lines);
+#   - every negative control asked for is detected (below).
+#
+# Negative controls: EQ_NEGATIVE_CONTROL="stock,shim" adds the configs nc-stock and nc-shim: the
+# same pair, but D starts with experiments/negative_control/ first on its PYTHONPATH, whose
+# sitecustomize.py wraps the NIXL connector worker's get_finished and corrupts, for every
+# request whose KV has just arrived, one received block (NC_CORRUPTION=shift: the block gets
+# the bytes of the block after it, in every layer, as an off-by-one descriptor would;
+# swap-layers: layers 0 and 1 of the block trade places).  Only (b) runs for them.  Each must
+# differ from the baseline (ids, or logprobs beyond what the uncorrupted config shows): the
+# summary records negative_control: [{"config", "corruption", "detected"}].
 #
 # Prefix caching is off here (EQ_SERVE_ARGS): otherwise D would serve (b) from the blocks
-# it cached during (a), and no KV would move at all.
+# it cached during (a), and no KV would move at all (the per-request transfer check says so).
 #
 # Kernels: EQ_BATCH_INVARIANT=auto (default) starts every server with VLLM_BATCH_INVARIANT=1
 # when the staged vLLM knows that variable (0.12+): vLLM's deterministic kernels (no split-KV
@@ -21,10 +39,13 @@
 # the last prompt token over transferred KV in another reduction order than one whole prefill,
 # and greedy decoding of a random-weight model flips on a near-tie (seen at the 2049-token
 # prompt on 0.21.0 and 0.26.0; with VLLM_BATCH_INVARIANT=1 on 0.26.0 every run is identical).
-# EQ_BATCH_INVARIANT=0 keeps vLLM's default kernels; then "pd:shim vs pd:stock" is the check
-# that isolates the shim.  EQ_BATCH_INVARIANT=1 insists (exit 2 if vLLM does not know it).
+# EQ_BATCH_INVARIANT=0 keeps vLLM's default kernels; then "pd:shim vs pd:stock" and the
+# logprob comparison against stock P/D isolate the shim.  EQ_BATCH_INVARIANT=1 insists (exit 2
+# if vLLM does not know it).
 #
-# env: MODEL, EQ_CONFIGS, EQ_LENGTHS=5,17,100,1000,2049,4097, EQ_MAX_TOKENS=32,
+# env: MODEL, EQ_CONFIGS, EQ_LENGTHS=5,17,100,1000,2049,4097, EQ_MAX_TOKENS=32, EQ_LOGPROBS=5,
+#      EQ_LOGPROB_TOL=0, EQ_NEGATIVE_CONTROL="" (e.g. stock,shim), NC_CORRUPTION=shift|swap-layers,
+#      EQ_NC_LENGTHS (default EQ_LENGTHS), EQ_KV_WAIT=15 (s to wait for D's counters per request),
 #      PROBE_LEN=1600, EQ_JSON (summary path; default $WORK/equivalence.json),
 #      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=auto|1|0,
 #      plus everything lib.sh reads.
@@ -35,6 +56,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 EQ_CONFIGS=${EQ_CONFIGS:-stock shim}
 EQ_LENGTHS=${EQ_LENGTHS:-5,17,100,1000,2049,4097}
 EQ_MAX_TOKENS=${EQ_MAX_TOKENS:-32}
+EQ_LOGPROBS=${EQ_LOGPROBS:-5}
+EQ_LOGPROB_TOL=${EQ_LOGPROB_TOL:-0}
+EQ_NEGATIVE_CONTROL=${EQ_NEGATIVE_CONTROL:-}
+NC_CORRUPTION=${NC_CORRUPTION:-shift}
+EQ_NC_LENGTHS=${EQ_NC_LENGTHS:-$EQ_LENGTHS}
+EQ_KV_WAIT=${EQ_KV_WAIT:-15}
 PROBE_LEN=${PROBE_LEN:-1600}
 EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
 SERVE_EXTRA_ARGS="${EQ_SERVE_ARGS---no-enable-prefix-caching} $SERVE_EXTRA_ARGS"
@@ -52,7 +79,7 @@ rm -f "$WORK"/eq-*.json "$WORK"/eq-*.log "$COMMANDS_FILE"
 
 # Deterministic kernels when the release has them (see the header); the servers inherit it.
 unset VLLM_BATCH_INVARIANT
-BI_KNOWN=$("$PY" "$EXP_DIR/pdtools.py" batch-invariant 2>/dev/null || true)
+BI_KNOWN=$(pdtools batch-invariant 2>/dev/null || true)
 if [ "$EQ_BATCH_INVARIANT" = 0 ]; then
   log "kernels: vLLM defaults (EQ_BATCH_INVARIANT=0)"
 elif [ "$BI_KNOWN" = yes ]; then
@@ -65,38 +92,56 @@ else
   log "kernels: vLLM defaults (vLLM $VLLM_VERSION has no VLLM_BATCH_INVARIANT)"
 fi
 
+case "$NC_CORRUPTION" in shift|swap-layers) ;;
+  *) die "$EXIT_SETUP" "NC_CORRUPTION must be shift or swap-layers (got '$NC_CORRUPTION')" ;;
+esac
+nc_configs=()
+for c in ${EQ_NEGATIVE_CONTROL//,/ }; do nc_configs+=("nc-$c"); done
+
 # The shim must support this release, otherwise say so (with its own status output).
 run_configs=()
-for cfg in $EQ_CONFIGS; do
+for cfg in $EQ_CONFIGS "${nc_configs[@]}"; do
   if why=$(config_supported "$cfg"); then run_configs+=("$cfg"); continue; fi
   printf '%s\n' "$why" >&2
-  [ "$cfg" = shim ] && die "$EXIT_UNSUPPORTED" "vLLM $VLLM_VERSION is not supported by the shim (see above)"
+  case "$cfg" in shim|nc-shim) die "$EXIT_UNSUPPORTED" "vLLM $VLLM_VERSION is not supported by the shim (see above)" ;; esac
   log "skipping $cfg"
 done
 [ ${#run_configs[@]} -gt 0 ] || die "$EXIT_SETUP" "no config to run"
 
 PD="http://127.0.0.1:$PORT_PROXY/v1/completions"
 LOCAL="http://127.0.0.1:$PORT_D/v1/completions"
+PROM_D="http://127.0.0.1:$PORT_D/metrics"
 run_files=(); probe_args=()
 for cfg in "${run_configs[@]}"; do
   log "=== $cfg ==="
   start_pair "$cfg" "eq-$cfg"
-  # (a) local prefill on D, then (b) P/D through the proxy
-  "$PY" "$EXP_DIR/pdtools.py" equiv-run --url "$LOCAL" --model "$MODEL" --label "local:$cfg" \
-    --lengths "$EQ_LENGTHS" --max-tokens "$EQ_MAX_TOKENS" --out "$WORK/eq-local-$cfg.json"
-  "$PY" "$EXP_DIR/pdtools.py" equiv-run --url "$PD" --model "$MODEL" --label "pd:$cfg" \
-    --lengths "$EQ_LENGTHS" --max-tokens "$EQ_MAX_TOKENS" --out "$WORK/eq-pd-$cfg.json"
+  case "$cfg" in
+    nc-*)  # negative control: only P/D, through a D that corrupts what it received
+      pdtools equiv-run --url "$PD" --model "$MODEL" --label "pd:$cfg" --lengths "$EQ_NC_LENGTHS" \
+        --max-tokens "$EQ_MAX_TOKENS" --logprobs "$EQ_LOGPROBS" --prom-url "$PROM_D" \
+        --bytes-per-block "$BYTES_PER_BLOCK" --kv-wait "$EQ_KV_WAIT" --out "$WORK/eq-pd-$cfg.json"
+      run_files+=("$WORK/eq-pd-$cfg.json")
+      grep -m 3 "xlkv negative control:" "$D_LOG" >&2 || log "WARNING: no negative-control line in $D_LOG"
+      stop_all
+      continue ;;
+  esac
+  # (a) local prefill on D, then (b) P/D through the proxy (with the KV D pulled per request)
+  pdtools equiv-run --url "$LOCAL" --model "$MODEL" --label "local:$cfg" --lengths "$EQ_LENGTHS" \
+    --max-tokens "$EQ_MAX_TOKENS" --logprobs "$EQ_LOGPROBS" --out "$WORK/eq-local-$cfg.json"
+  pdtools equiv-run --url "$PD" --model "$MODEL" --label "pd:$cfg" --lengths "$EQ_LENGTHS" \
+    --max-tokens "$EQ_MAX_TOKENS" --logprobs "$EQ_LOGPROBS" --prom-url "$PROM_D" \
+    --bytes-per-block "$BYTES_PER_BLOCK" --kv-wait "$EQ_KV_WAIT" --out "$WORK/eq-pd-$cfg.json"
   run_files+=("$WORK/eq-local-$cfg.json" "$WORK/eq-pd-$cfg.json")
 
   # Descriptor probe: one request of PROBE_LEN tokens (a whole number of blocks), alone.
   KV_WAIT=20 wait_kv_lines "$D_LOG" 0 || true   # let the lines of the runs above be written
   off=$(kv_log_offset "$D_LOG")
-  "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/eq-prom0-$cfg.json"
-  "$PY" "$EXP_DIR/pdtools.py" equiv-run --url "$PD" --model "$MODEL" --label "probe:$cfg" \
+  pdtools prom "$PROM_D" > "$WORK/eq-prom0-$cfg.json"
+  pdtools equiv-run --url "$PD" --model "$MODEL" --label "probe:$cfg" --logprobs 0 \
     --lengths "$PROBE_LEN" --seed 7 --max-tokens 2 --out "$WORK/eq-probe-run-$cfg.json" > /dev/null
   wait_kv_lines "$D_LOG" "$off" || true
-  "$PY" "$EXP_DIR/pdtools.py" prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/eq-prom1-$cfg.json"
-  "$PY" "$EXP_DIR/pdtools.py" kv-run --log "$D_LOG" --offset "$off" \
+  pdtools prom "$PROM_D" > "$WORK/eq-prom1-$cfg.json"
+  pdtools kv-run --log "$D_LOG" --offset "$off" \
     --prom-before "$WORK/eq-prom0-$cfg.json" --prom-after "$WORK/eq-prom1-$cfg.json" \
     --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" \
     --prompt-len "$PROBE_LEN" --block-size "$BLOCK_SIZE" > "$WORK/eq-probe-$cfg.json"
@@ -104,11 +149,14 @@ for cfg in "${run_configs[@]}"; do
   stop_all
 done
 
-meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "date": "%s"}' \
+meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "date": "%s"}' \
   "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
-  "$(echo $SERVE_EXTRA_ARGS)" "$([ "$EQ_BATCH_INVARIANT" = 1 ] && echo true || echo false)" "$(date -u +%FT%TZ)")
+  "$(echo $SERVE_EXTRA_ARGS)" "$([ "$EQ_BATCH_INVARIANT" = 1 ] && echo true || echo false)" "$EQ_LOGPROBS" \
+  "$EQ_NEGATIVE_CONTROL" "$(date -u +%FT%TZ)")
 rc=0
-"$PY" "$EXP_DIR/pdtools.py" equiv-summary --out "$EQ_JSON" --lengths "$EQ_LENGTHS" --meta "$meta" \
-  "${probe_args[@]}" "${run_files[@]}" || rc=$?
+corruption=""
+[ ${#nc_configs[@]} -eq 0 ] || corruption=$(pdtools nc-describe "$NC_CORRUPTION")
+pdtools equiv-summary --out "$EQ_JSON" --lengths "$EQ_LENGTHS" --meta "$meta" \
+  --logprob-tol "$EQ_LOGPROB_TOL" --corruption "$corruption" "${probe_args[@]}" "${run_files[@]}" || rc=$?
 log "summary JSON: $EQ_JSON"
 exit $rc

@@ -8,7 +8,8 @@
 #   check        is vLLM staged?  (implied by every step below)
 #   status       nvidia-smi, GPU topology, `python -m xlkv_autopatch status`
 #   model        generate the random-weight model into /tmp/xlkv-model (if missing)
-#   equivalence  pd_equivalence.sh (EQ_* env vars)
+#   equivalence  pd_equivalence.sh (EQ_* env vars; EQ_NEGATIVE_CONTROL=stock,shim adds the negative
+#                controls nc-stock / nc-shim to the same call)
 #   bench        pd_bench.sh (CONFIGS, INPUT_LENS, REPS, NUM_PROMPTS ... env vars)
 #
 # Results on the GPU machine: /tmp/xlkv-results/ (kept while the machine stays warm, so
@@ -33,9 +34,8 @@ CONSOLE="$WORK/console-$(date +%H%M%S).txt"
 # group, and a dead tee would make the trap below die of SIGPIPE before it copies anything.
 exec > >(exec setsid tee "$CONSOLE") 2>&1
 
-site_version() {
-  PYTHONPATH="$SITE" python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || true
-}
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"   # site_version (the vLLM release in $SITE), collect_log_tails, ...
 
 require_staged() {
   if [ -z "$(site_version)" ]; then
@@ -58,11 +58,10 @@ collect() {
   set +e
   trap '' PIPE                         # never die half-way through copying (see tee above)
   [ $rc -eq 0 ] || echo "run_gpu_cell: stopped with exit $rc at $(date -u +%TZ)"
-  # shellcheck source=lib.sh
-  ( source "$HERE/lib.sh" && collect_log_tails "$OUT/logtails.txt" ) 2>/dev/null
+  collect_log_tails "$OUT/logtails.txt" 2>/dev/null
   # the lines that matter from the whole of every server log (not only the tails): the
   # shim's own messages, NIXL registration/descriptor numbers, the backend, errors
-  grep -H -n -E "xlkv_autopatch|KV Transfer metrics|descriptor|[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR" \
+  grep -H -n -E "xlkv_autopatch|xlkv negative control|KV Transfer metrics|descriptor|[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR" \
     "$WORK"/eq-*.log "$WORK"/bench-*-[pd].log 2>/dev/null | cut -c1-600 | head -n 3000 > "$OUT/loggrep.txt"
   # only the staged release's results: the device tool returns a limited number of files, and
   # a second release's files would crowd out the logs (seen in the fourth session)
@@ -96,7 +95,7 @@ for step in "$@"; do
       require_staged
       PYTHONPATH="$REPO:$SITE" python3 -m xlkv_autopatch status || true
       PYTHONPATH="$REPO:$SITE" ENABLE_XLKV=true python3 -m xlkv_autopatch status || true ;;
-    model)  # make_model.py skips a model it finished before (.complete marker)
+    model)  # make_model.py skips a model it finished before with the same settings (.complete)
       if [ -z "${MODEL:-}" ]; then PYTHONPATH="" python3 "$HERE/make_model.py" /tmp/xlkv-model; fi ;;
     equivalence)
       require_staged

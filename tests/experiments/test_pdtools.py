@@ -1,4 +1,4 @@
-"""Unit tests of experiments/pdtools.py: prompts, KV-metrics parsing, descriptor arithmetic,
+"""Unit tests of experiments/pdtools/ (the package): prompts, KV-metrics parsing, descriptor arithmetic,
 results cells and merging, equivalence summaries.  No GPU, no vLLM."""
 
 import json
@@ -50,7 +50,7 @@ def test_prompt_ids_range_length_and_seed():
 
 
 def test_prompt_is_deterministic_in_a_fresh_interpreter():
-    out = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "prompt", "7", "--seed", "3"],
+    out = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "prompt", "7", "--seed", "3"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == pdtools.prompt_text(7, seed=3)
 
@@ -256,7 +256,7 @@ def test_merge_and_bench_cell_cli(tmp_path):
     eq.write_text(json.dumps({"equivalence_pass": True, "descriptor_pass": True, "vllm_version": "0.21.0",
                               "gpu": "2xH200"}))
     out = tmp_path / "r.json"
-    cmd = [sys.executable, os.path.join(EXP, "pdtools.py"), "bench-cell", "--out", str(out), "--config", "stock",
+    cmd = [sys.executable, os.path.join(EXP, "pdtools"), "bench-cell", "--out", str(out), "--config", "stock",
            "--input-len", "10240", "--output-len", "16", "--num-prompts", "64", "--results", *res,
            "--kv", str(kv), str(kv), "--bytes-per-block", str(QWEN3_BLOCK), "--vllm-version", "0.21.0",
            "--gpu", "2xH200", "--equivalence", str(eq)]
@@ -272,14 +272,14 @@ def test_merge_and_bench_cell_cli(tmp_path):
     other = tmp_path / "o.json"
     other.write_text(json.dumps(_doc("shim", [1500.0], "s")))
     merged = tmp_path / "m.json"
-    subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "merge", "--out", str(merged), str(out),
+    subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "merge", "--out", str(merged), str(out),
                     str(other)], check=True, capture_output=True)
     assert sorted(c["config"] for c in json.loads(merged.read_text())["cells"]) == ["shim", "stock"]
     assert json.loads(merged.read_text())["equivalence_files"] == ["eq.json"]  # from the bench call
     # a failed equivalence summary given to merge fails the document, and is named in it
     eq_bad = tmp_path / "equivalence-bad.json"
     eq_bad.write_text(json.dumps({"equivalence_pass": False, "vllm_version": "0.21.0", "gpu": "2xH200"}))
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "merge", "--out", str(merged),
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "merge", "--out", str(merged),
                         str(eq_bad)], check=True, capture_output=True, text=True)
     m = json.loads(merged.read_text())
     assert m["equivalence_pass"] is False and m["equivalence_files"] == ["eq.json", "equivalence-bad.json"]
@@ -292,7 +292,7 @@ def test_bench_cell_ignores_equivalence_of_another_release(tmp_path):
     eq = tmp_path / "eq.json"
     eq.write_text(json.dumps({"equivalence_pass": True, "vllm_version": "0.26.0", "gpu": "2xH200"}))
     out = tmp_path / "r.json"
-    subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "bench-cell", "--out", str(out), "--config",
+    subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "bench-cell", "--out", str(out), "--config",
                     "stock", "--input-len", "1024", "--output-len", "16", "--num-prompts", "128", "--results", str(p),
                     "--vllm-version", "0.21.0", "--gpu", "2xH200", "--equivalence", str(eq)],
                    check=True, capture_output=True)
@@ -306,9 +306,19 @@ def test_gpu_slug():
 
 
 # ------------------------------------------------------------------ equivalence summary -----
-def _run(label_lens, shift=0):
-    return [{"prompt_len": n, "method": "return_token_ids", "token_ids": [n + shift, 2, 3], "text": None}
-            for n in label_lens]
+def _run(label_lens, shift=0, lp_shift=0.0, kv=True, logprobs=True):
+    """One run's results as equiv-run writes them: ids, logprobs (top 2 here), KV pulled."""
+    out = []
+    for n in label_lens:
+        ids = [n + shift, 2, 3]
+        r = {"prompt_len": n, "method": "return_token_ids", "token_ids": ids, "text": None}
+        if logprobs:
+            r["logprobs"] = [-0.25 + lp_shift] * 3
+            r["top_logprobs"] = [[[t, -0.25 + lp_shift], [t + 1, -1.5 + lp_shift]] for t in ids]
+        if kv:
+            r["kv"] = {"transfers": 1, "bytes": QWEN3_BLOCK, "blocks": 1.0, "descriptors": 28, "failed": 0}
+        out.append(r)
+    return out
 
 
 def test_equivalence_summary_pass_and_failures():
@@ -382,9 +392,129 @@ def test_vllm_has_batch_invariant_reads_the_sources(tmp_path):
     os.remove(pkg / "model_executor" / "layers" / "batch_invariant.py")
     (pkg / "envs.py").write_text('environment_variables = {"VLLM_BATCH_INVARIANT": None}\n')  # later releases
     assert pdtools.vllm_has_batch_invariant(str(pkg))
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "batch-invariant", "--vllm-dir", str(pkg)],
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "batch-invariant", "--vllm-dir", str(pkg)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "yes"
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools.py"), "batch-invariant", "--vllm-dir",
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "batch-invariant", "--vllm-dir",
                         str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout.strip() == "no"
+
+
+# ------------------------------------------------------------------ logprobs, transfers, controls
+def test_extract_logprobs_from_the_completions_format():
+    choice = {"logprobs": {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-0.5, -0.25],
+                           "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -0.75, "token_id:4": -2.0},
+                                            {"token_id:9": -0.25}]}}
+    chosen, top = pdtools._extract_logprobs(choice)
+    assert chosen == [-0.5, -0.25]
+    assert top == [[[7, -0.5], [3, -0.75], [4, -2.0]], [[9, -0.25]]]  # best first, ids as ints
+    assert pdtools._extract_logprobs({"text": "x"}) == (None, None)
+
+
+def test_logprob_diff_compares_only_the_same_context():
+    a = _run([5, 17])
+    assert pdtools.logprob_diff(a, a) == {"max": 0.0, "positions": 6, "at": None}
+    b = _run([5, 17], lp_shift=0.125)
+    d = pdtools.logprob_diff(a, b)
+    assert d["max"] == pytest.approx(0.125) and d["positions"] == 6
+    # ids diverge at position 1 of the 17-token prompt: position 1's top values are compared
+    # (same context), the chosen logprob there and everything after are not
+    c = _run([5, 17])
+    c[1]["token_ids"] = [17, 99, 98]
+    c[1]["logprobs"] = [-0.25, -7.0, -9.0]
+    c[1]["top_logprobs"][2] = [[98, -9.0], [1, -9.5]]
+    c[1]["top_logprobs"][1] = [[99, -0.25 + 0.5], [100, -1.5]]
+    d = pdtools.logprob_diff(a, c)
+    assert d["max"] == pytest.approx(0.5) and d["at"] == [17, 1] and d["positions"] == 5
+    assert pdtools.logprob_diff(a, _run([5, 17], logprobs=False))["max"] is None
+    # matched by prompt length: a run over a subset of the prompts compares those only
+    assert pdtools.logprob_diff(a, _run([17], lp_shift=0.25))["max"] == pytest.approx(0.25)
+
+
+def _probes():
+    return {"stock": {"kv": {"descriptors_per_block": 28.0}, "backend": "FLASH_ATTN"},
+            "shim": {"kv": {"descriptors_per_block": 1.0}, "backend": "FLASH_ATTN"}}
+
+
+def test_logprobs_must_be_identical_under_deterministic_kernels():
+    lens = [5, 100]
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    assert s["pass"] and s["logprob_pass"] is True
+    assert s["configs"]["shim"]["max_logprob_diff"] == 0.0 and s["configs"]["stock"]["max_logprob_diff"] == 0.0
+    runs["pd:shim"] = _run(lens, lp_shift=2 ** -10)  # same ids, one ulp-ish of difference
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    assert not s["pass"] and s["logprob_pass"] is False and not s["equivalence_pass"]
+    assert s["configs"]["shim"]["max_logprob_diff"] == pytest.approx(2 ** -10)
+    assert any(p.startswith("pd:shim") for p in s["logprob_problems"])
+    assert "LOGPROBS pd:shim" in pdtools.render_equivalence(s)
+
+
+def test_default_kernels_shim_may_not_be_worse_than_stock():
+    lens = [5, 100]
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens, lp_shift=0.0625),
+            "local:shim": _run(lens), "pd:shim": _run(lens, lp_shift=0.0625)}
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
+    assert s["pass"] and s["logprob_pass"] is True
+    assert s["configs"]["stock"]["max_logprob_diff"] == s["configs"]["shim"]["max_logprob_diff"] == 0.0625
+    runs["pd:shim"] = _run(lens, lp_shift=0.125)
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
+    assert not s["pass"] and s["logprob_pass"] is False
+    assert "pd:shim: max |logprob difference| 0.125 > pd:stock's 0.0625" in s["logprob_problems"][0]
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False, logprob_tol=0.1)
+    assert s["pass"]
+
+
+def test_every_pd_answer_must_have_moved_kv():
+    lens = [5, 100]
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens)}
+    s = pdtools.summarize_equivalence(runs, {}, lens, batch_invariant=True)
+    assert s["pass"] and s["transfers_pass"]
+    assert s["configs"]["stock"]["kv_blocks_per_prompt"] == {"5": 1.0, "100": 1.0}
+    assert s["transfers"]["pd:stock"]["100"]["transfers"] == 1
+    runs["pd:stock"][1]["kv"] = {"transfers": 0, "bytes": 0, "blocks": 0.0, "descriptors": 0, "failed": 0}
+    s = pdtools.summarize_equivalence(runs, {}, lens, batch_invariant=True)
+    assert not s["pass"] and not s["transfers_pass"]
+    assert s["transfer_problems"] == ["pd:stock len 100: D pulled no KV (transfers 0, bytes 0)"]
+    assert "NO TRANSFER pd:stock len 100" in pdtools.render_equivalence(s)
+    runs["pd:stock"][1]["kv"] = None  # counters not readable: not a pass either
+    s = pdtools.summarize_equivalence(runs, {}, lens, batch_invariant=True)
+    assert not s["pass"] and "not readable" in s["transfer_problems"][0]
+
+
+def test_negative_controls_must_be_detected_and_do_not_count_as_mismatches():
+    lens = [5, 100]
+    base = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
+    runs = dict(base, **{"pd:nc-stock": _run(lens, shift=3), "pd:nc-shim": _run([100], lp_shift=2 ** -8)})
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, corruption="shift: ...")
+    assert s["pass"] and s["equivalence_pass"] and s["negative_control_pass"] is True
+    assert s["mismatches"] == []  # the controls' differences are expected, not failures
+    nc = {n["config"]: n for n in s["negative_control"]}
+    assert nc["nc-stock"]["detected"] and nc["nc-stock"]["ids_differ"]
+    assert nc["nc-shim"]["detected"] and not nc["nc-shim"]["ids_differ"]  # logprobs alone caught it
+    assert nc["nc-shim"]["max_logprob_diff"] == pytest.approx(2 ** -8)
+    assert nc["nc-stock"]["corruption"] == "shift: ..."
+    assert "FAIL as planted: detected" in pdtools.render_equivalence(s)
+    # a control the check cannot tell apart makes the whole run fail
+    runs["pd:nc-shim"] = _run([100])
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    assert not s["pass"] and s["negative_control_pass"] is False
+    assert "NOT DETECTED" in pdtools.render_equivalence(s)
+    # default kernels: detected only beyond what the same config shows without the corruption
+    runs = dict(base, **{"pd:stock": _run(lens, lp_shift=0.25), "pd:nc-stock": _run(lens, lp_shift=0.125)})
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
+    assert s["negative_control"][0]["detected"] is False and not s["pass"]
+
+
+def test_distinct_ids_of_the_baseline():
+    lens = [5, 100]
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens)}
+    runs["local:stock"][0]["token_ids"] = [7, 7, 7]
+    s = pdtools.summarize_equivalence(runs, {}, lens)
+    assert s["distinct_ids"] == {"5": 1, "100": 3}
+
+
+def test_nc_describe_names_the_hooks_corruption():
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "nc-describe", "shift"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.startswith("shift: ") and "next block id" in r.stdout

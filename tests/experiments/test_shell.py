@@ -79,9 +79,45 @@ def test_config_env_and_support():
     assert _lib("VLLM_VERSION=0.21.0; config_supported native").returncode == 0
     assert _lib("VLLM_VERSION=0.21.0; config_supported native-v1").returncode == 1
     assert _lib("VLLM_VERSION=0.26.0; config_supported native-v1").returncode == 0
-    r = _lib("VLLM_VERSION=0.29.0; config_supported native")
-    assert r.returncode == 1 and "0.16-0.28" in r.stdout
+    # native = vLLM's own best configuration: the opt-in up to 0.28, the BLNHC layout from 0.29
+    assert _lib("VLLM_VERSION=0.29.0; config_supported native").returncode == 0
+    r = _lib("VLLM_VERSION=0.15.1; config_supported native")
+    assert r.returncode == 1 and "from 0.16 on" in r.stdout
+    r = _lib('VLLM_VERSION=0.33.0; config_env native; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"')
+    assert r.stdout.strip() == "VLLM_KV_CACHE_LAYOUT=BLNHC|"
+    r = _lib('VLLM_VERSION=0.28.0; config_env native; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"')
+    assert r.stdout.strip() == '|{"enable_cross_layers_blocks": "true"}'
     assert _lib("VLLM_VERSION=0.21.0; config_supported bogus").returncode == 1
+    # negative controls: the config's own settings on both sides, the hook on D only
+    r = _lib('PYTHONPATH=/repo:/site; VLLM_VERSION=0.26.0; config_env nc-shim; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}"')
+    both, d_only = r.stdout.strip().split("|")
+    assert both == "ENABLE_XLKV=true"
+    assert d_only == "PYTHONPATH=%s/negative_control:/repo:/site XLKV_NEGATIVE_CONTROL=shift" % EXP
+    assert _lib("VLLM_VERSION=0.21.0; config_supported nc-stock").returncode == 0
+    assert _lib("VLLM_VERSION=0.15.1; config_supported nc-native").returncode == 1
+
+
+def test_site_version_is_defined_once_and_reads_the_staged_release(tmp_path):
+    site = tmp_path / "site"
+    dist = site / "vllm-0.26.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    assert _lib("site_version", SITE=str(site)).stdout.strip() == "0.26.0"
+    assert _lib("site_version", SITE=str(tmp_path / "none")).stdout.strip() == ""
+    defs = [s for s in SCRIPTS if not s.endswith("bundle.sh") and "site_version() {" in open(s).read()]
+    assert [os.path.basename(s) for s in defs] == ["lib.sh"]
+
+
+def test_scripts_name_only_scripts_that_exist():
+    # lib.sh once pointed at stage_bundle.sh / setup_bundle.sh, which never existed
+    import re
+    for s in SCRIPTS:
+        for name in set(re.findall(r"\b([A-Za-z_][\w-]*\.(?:sh|py))\b", open(s).read())):
+            if name in ("build_bundle.sh", "metrics.py", "stats.py", "envs.py", "batch_invariant.py",
+                        "registry.py", "cuda.py"):
+                continue  # in ../shared or in vLLM
+            where = (EXP, os.path.join(EXP, "pdtools"), os.path.join(ROOT, "tests", "compat"), ROOT)
+            assert any(os.path.exists(os.path.join(d, name)) for d in where), (os.path.basename(s), name)
 
 
 def _free_port():
@@ -186,6 +222,14 @@ def test_equivalence_end_to_end_with_fake_vllm(tmp_path):
     assert "IDENTICAL" in r.stdout and "=> PASS" in r.stdout
     # EQ_BATCH_INVARIANT=auto: the (fake) release knows the variable, so every server got it
     assert s["batch_invariant"] is True and "VLLM_BATCH_INVARIANT=1 (deterministic)" in r.stdout
+    # logprobs compared (identical here), every P/D answer moved KV, distinct ids recorded
+    assert s["logprob_pass"] is True and s["transfers_pass"] is True
+    assert s["configs"]["stock"]["max_logprob_diff"] == 0.0 and s["configs"]["shim"]["max_logprob_diff"] == 0.0
+    assert s["configs"]["shim"]["kv_blocks_per_prompt"] == {"5": 1.0, "100": 7.0, "4097": 257.0}
+    assert set(s["distinct_ids"]) == {"5", "100", "4097"}
+    assert s["negative_control"] == [] and s["negative_control_pass"] is None
+    local = json.loads((tmp_path / "work" / "eq-local-stock.json").read_text())["results"]
+    assert len(local[0]["top_logprobs"][0]) == 5 and "kv" not in local[0]
     for f in ("eq-stock-p.log", "eq-stock-d.log", "eq-shim-p.log", "eq-shim-d.log"):
         assert "VLLM_BATCH_INVARIANT=1" in (tmp_path / "work" / f).read_text(), f
     # servers are gone afterwards
@@ -204,6 +248,51 @@ def test_equivalence_detects_differences_and_too_many_descriptors(tmp_path):
     assert not s["equivalence_pass"] and s["descriptor_pass"] is False
     assert any(m.startswith("pd:stock") for m in s["mismatches"])
     assert "DIFFERENT" in r.stdout and "FAIL" in r.stdout
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_negative_controls_end_to_end_with_fake_vllm(tmp_path):
+    """EQ_NEGATIVE_CONTROL=stock,shim: the hook's sitecustomize.py is loaded in D only (the fake
+    server then shifts the logprobs of P/D answers, ids unchanged), and both controls must be
+    detected: by the logprobs alone here."""
+    e = _env(tmp_path, EQ_CONFIGS="stock shim", EQ_LENGTHS="5,100", EQ_NEGATIVE_CONTROL="stock,shim",
+             EQ_NC_LENGTHS="100", EQ_JSON=str(tmp_path / "eq.json"))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert [x["label"] for x in s["runs"]] == ["local:stock", "pd:stock", "local:shim", "pd:shim", "pd:nc-stock",
+                                               "pd:nc-shim"]
+    assert s["equivalence_pass"] and s["pass"] and s["negative_control_pass"] is True
+    nc = {n["config"]: n for n in s["negative_control"]}
+    assert set(nc) == {"nc-stock", "nc-shim"}
+    for n in nc.values():
+        assert n["detected"] is True and n["ids_differ"] is False
+        assert n["max_logprob_diff"] == pytest.approx(1e-3) and n["corruption"].startswith("shift: ")
+    assert s["transfers"]["pd:nc-shim"]["100"]["transfers"] == 1
+    work = tmp_path / "work"
+    for cfg in ("nc-stock", "nc-shim"):
+        assert "xlkv negative control: armed (shift)" in (work / ("eq-%s-d.log" % cfg)).read_text()
+        assert "negative control" not in (work / ("eq-%s-p.log" % cfg)).read_text()
+    for cfg in ("stock", "shim"):
+        assert "negative control" not in (work / ("eq-%s-d.log" % cfg)).read_text()
+    assert "FAIL as planted: detected" in r.stdout
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_an_answer_that_moved_no_kv_fails(tmp_path):
+    e = _env(tmp_path, EQ_CONFIGS="stock", EQ_LENGTHS="5,100", EQ_JSON=str(tmp_path / "eq.json"),
+             FAKE_NO_TRANSFER="1", EQ_KV_WAIT="1")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert s["equivalence_pass"] is True and s["transfers_pass"] is False and s["pass"] is False
+    assert s["transfer_problems"] == ["pd:stock len 5: D pulled no KV (transfers 0, bytes 0)",
+                                      "pd:stock len 100: D pulled no KV (transfers 0, bytes 0)"]
+    assert "NO TRANSFER" in r.stdout
 
 
 @aiohttp_needed

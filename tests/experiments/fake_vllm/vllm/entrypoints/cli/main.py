@@ -10,6 +10,13 @@ pd_bench.sh to run end to end without a GPU:
   Descriptors per KV block: 56 (stock), 1 with ENABLE_XLKV=true (FAKE_SHIM_DESC overrides)
   or with kv_connector_extra_config.enable_cross_layers_blocks.
   FAKE_PD_CORRUPT=1 makes the decode side of P/D requests generate other tokens.
+  Logprobs (``logprobs: k``, ``return_tokens_as_token_ids``) in the completions API's format: a
+  fixed function of the token; FAKE_PD_LOGPROB_NOISE adds to every logprob of a P/D answer
+  (vLLM's default kernels), FAKE_SHIM_LOGPROB_NOISE more with ENABLE_XLKV.  A decode server
+  started with experiments/negative_control/ on its PYTHONPATH and XLKV_NEGATIVE_CONTROL set
+  (the hook's sitecustomize loaded) shifts the logprobs of P/D answers by 1e-3, ids unchanged.
+  FAKE_NO_TRANSFER=1: the decode side serves P/D requests without pulling KV (as from a
+  prefix cache): the NIXL counters do not move.
 * ``bench serve``: concurrent streamed requests through --base-url, writes a result JSON
   with the keys `vllm bench serve` writes (mean_ttft_ms, ...).
 """
@@ -37,6 +44,26 @@ def _gen(ids, n, corrupt=False):
     return [2 + (s + 7919 * k) % 31998 for k in range(n)]
 
 
+def _logprobs(toks, k, as_ids, shift):
+    """The completions API's ``logprobs`` object for ``toks``: the chosen token is the best."""
+    def key(t):
+        return "token_id:%d" % t if as_ids else "w%d" % t
+    chosen = [-((t % 97) / 100.0) - 0.01 + shift for t in toks]
+    top = []
+    for t, lp in zip(toks, chosen):
+        d = {key(t): lp}
+        for j in range(1, k):
+            d[key(2 + (t + 101 * j) % 31998)] = lp - 0.5 * j
+        top.append(d)
+    return {"tokens": [key(t) for t in toks], "token_logprobs": chosen, "top_logprobs": top,
+            "text_offset": list(range(len(toks)))}
+
+
+def _negative_control_loaded():
+    sc = sys.modules.get("sitecustomize")
+    return bool(os.environ.get("XLKV_NEGATIVE_CONTROL")) and bool(getattr(sc, "XLKV_NEGATIVE_CONTROL_HOOK", False))
+
+
 def serve(argv):
     from aiohttp import web
 
@@ -59,6 +86,8 @@ def serve(argv):
     print("INFO fake vllm serve: VLLM_BATCH_INVARIANT=%s" % os.environ.get("VLLM_BATCH_INVARIANT", "<unset>"), flush=True)
     print("INFO [cuda.py:373] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].",
           flush=True)
+    if _negative_control_loaded():
+        print("INFO fake vllm serve: negative-control hook loaded", flush=True)
     if shim:
         print("INFO [registry.py:329] xlkv_autopatch: fake-nixl is active in this process (first call, pid=%d)"
               % os.getpid(), flush=True)
@@ -123,6 +152,8 @@ def serve(argv):
                       "remote_block_ids": list(range(nb)), "remote_engine_id": "fake-%d" % a.port,
                       "remote_host": "localhost", "remote_port": int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", 0)),
                       "remote_request_id": "req-%d" % time.time_ns(), "tp_size": 1}
+        elif kvp.get("do_remote_prefill") and os.environ.get("FAKE_NO_TRANSFER") == "1":
+            corrupt = False  # served as if from a prefix cache: nothing pulled
         elif kvp.get("do_remote_prefill"):
             nb = len(kvp["remote_block_ids"])
             pending["transfer_duration"].append(0.002)
@@ -134,11 +165,21 @@ def serve(argv):
             prom["time_sum"] += 0.002
             corrupt = os.environ.get("FAKE_PD_CORRUPT") == "1"
         toks = _gen(ids, n, corrupt)
+        shift = 0.0
+        if kvp.get("do_remote_prefill"):
+            shift += float(os.environ.get("FAKE_PD_LOGPROB_NOISE", "0"))
+            if shim:
+                shift += float(os.environ.get("FAKE_SHIM_LOGPROB_NOISE", "0"))
+            if _negative_control_loaded():
+                shift += 1e-3
         await asyncio.sleep(0.001 * len(ids) / 100)
         if not body.get("stream"):
             choice = {"index": 0, "text": " ".join("w%d" % t for t in toks), "finish_reason": "length"}
             if body.get("return_token_ids"):
                 choice.update(token_ids=toks, prompt_token_ids=ids)
+            if body.get("logprobs"):
+                choice["logprobs"] = _logprobs(toks, int(body["logprobs"]), body.get("return_tokens_as_token_ids"),
+                                               shift)
             return web.json_response({"id": "cmpl", "object": "text_completion", "choices": [choice],
                                       "usage": {"prompt_tokens": len(ids), "completion_tokens": n},
                                       "kv_transfer_params": out_kv})

@@ -1,0 +1,305 @@
+"""Command line of pdtools: ``python3 experiments/pdtools <cmd> --help``.
+
+Sub-commands:
+
+  prompt          print one deterministic word-level prompt (for manual checks)
+  equiv-run       send the fixed greedy prompts to one endpoint, write ids, logprobs and KV pulled (JSON)
+  equiv-summary   compare several runs (ids, logprobs, transfers, negative controls, descriptors), write the summary JSON
+  kvstats         aggregate vLLM's "KV Transfer metrics: ..." log lines (optionally from a byte offset)
+  kv-run          KV numbers of one run: Prometheus deltas, else the log lines after an offset
+  prom            scrape a Prometheus /metrics endpoint into a small JSON of the NIXL counters
+  bench-cell      turn `vllm bench serve` result files + KV stats into one results cell
+  merge           merge results JSON files (cells of the same key gain repetitions, idempotently)
+  block-bytes     bytes of one KV block (all layers, K and V) for a model directory
+  gpu-slug        turn `nvidia-smi` GPU names into a short file-name tag ("2xH200")
+  batch-invariant does the importable (or given) vLLM know VLLM_BATCH_INVARIANT? (yes/no)
+  backend         the attention backend named in a vLLM server log
+  nc-describe     what a negative-control corruption (experiments/negative_control/) does
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+
+from .client import http_text
+from .equivalence import equiv_run, render_equivalence, summarize_equivalence
+from .kvmetrics import (aggregate_kv, attention_backend, blocks_for_prompt, descriptors_per_block, kv_run,
+                        kv_summary, model_block_bytes, parse_prom, read_kv_lines)
+from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
+from .results import cell_from_runs, cell_key, gpu_slug, merge_results
+from .vllminfo import vllm_has_batch_invariant
+
+
+def _lens(s):
+    return [int(x) for x in re.split(r"[,\s]+", s.strip()) if x]
+
+
+def cmd_equiv_run(a):
+    res = equiv_run(a.url, a.model, _lens(a.lengths), a.max_tokens, a.seed, logprobs=a.logprobs,
+                    prom_url=a.prom_url, bytes_per_block=a.bytes_per_block, kv_wait_s=a.kv_wait)
+    json.dump({"label": a.label, "url": a.url, "results": res}, open(a.out, "w"), indent=1)
+    for r in res:
+        kv = r.get("kv")
+        print("  %-12s len=%-5d method=%s out=%s%s" % (
+            a.label, r["prompt_len"], r["method"], (r["token_ids"] or [])[:8],
+            "" if "kv" not in r else "  KV pulled: %s" % ("unknown" if kv is None else "%s blocks in %s transfer(s)"
+                                                           % (kv.get("blocks"), kv.get("transfers")))))
+    bad = [r for r in res if r["prompt_token_count"] not in (None, r["prompt_len"])]
+    if bad:
+        print("WARNING: tokenizer gave other prompt lengths than intended: %s"
+              % [(r["prompt_len"], r["prompt_token_count"]) for r in bad], file=sys.stderr)
+
+
+def cmd_equiv_summary(a):
+    runs = {}
+    for path in a.runs:
+        d = json.load(open(path))
+        runs[d["label"]] = d["results"]
+    probes = {}
+    for spec in a.probe:
+        cfg, _, path = spec.partition("=")
+        kv = _load_json(path)
+        probes[cfg] = {"kv": kv, "backend": (kv or {}).get("attn_backend")}
+    meta = json.loads(a.meta) if a.meta else {}
+    s = summarize_equivalence(runs, probes, _lens(a.lengths), batch_invariant=meta.get("batch_invariant"),
+                              logprob_tol=a.logprob_tol, corruption=a.corruption)
+    s.update(meta)
+    json.dump(s, open(a.out, "w"), indent=1, sort_keys=True)
+    print(render_equivalence(s))
+    return 0 if s["pass"] else 1
+
+
+def cmd_kvstats(a):
+    rows = read_kv_lines(a.log, a.offset)
+    kv = aggregate_kv(rows)
+    kv["source"] = "log"
+    if a.bytes_per_block:
+        kv = kv_summary(kv, a.bytes_per_block)
+    print(json.dumps(kv))
+
+
+
+def _load_json(path):
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def cmd_kv_run(a):
+    backend = attention_backend(a.backend_log) if a.backend_log else None
+    kv = kv_run(a.log, a.offset, _load_json(a.prom_before), _load_json(a.prom_after), a.bytes_per_block, backend)
+    if a.prompt_len:
+        kv["blocks_expected"] = blocks_for_prompt(a.prompt_len, a.block_size)
+        kv["descriptors_per_block_from_len"] = descriptors_per_block(
+            kv.get("avg_descriptors_per_transfer"), kv["blocks_expected"])
+    print(json.dumps(kv, sort_keys=True))
+
+
+def cmd_prom(a):
+    try:
+        print(json.dumps(parse_prom(http_text(a.url))))
+    except Exception as e:  # the caller treats null as "not available"
+        print("null")
+        print("prom scrape failed: %s" % e, file=sys.stderr)
+
+
+def cmd_bench_cell(a):
+    runs, kvs = [], []
+    for i, path in enumerate(a.results):
+        r = json.load(open(path))
+        r["_run_id"] = "%s-%s" % (a.run_prefix, os.path.basename(path))
+        runs.append(r)
+    for path in a.kv:
+        kvs.append(json.load(open(path)) if os.path.exists(path) else None)
+    kvs += [None] * (len(runs) - len(kvs))
+    commands = [l.rstrip("\n") for l in open(a.commands)] if a.commands else []
+    cell = cell_from_runs(a.config, a.input_len, a.output_len, a.num_prompts, runs, kvs, commands, a.bytes_per_block)
+    if a.meta:
+        cell.update(json.loads(a.meta))
+    doc = {"vllm_version": a.vllm_version, "gpu": a.gpu, "equivalence_pass": None, "cells": [cell],
+           "commands": commands}
+    eq = _load_json(a.equivalence)
+    if eq is not None:
+        if eq.get("vllm_version") in (None, a.vllm_version) and eq.get("gpu") in (None, a.gpu):
+            doc["equivalence_pass"] = eq.get("equivalence_pass")
+            doc["descriptor_pass"] = eq.get("descriptor_pass")
+            doc["equivalence_file"] = os.path.basename(a.equivalence)
+        else:
+            print("equivalence file %s is for vLLM %s on %s, not this run: ignored"
+                  % (a.equivalence, eq.get("vllm_version"), eq.get("gpu")), file=sys.stderr)
+    if os.path.exists(a.out):  # several calls on one machine accumulate in one file
+        doc = merge_results([json.load(open(a.out)), doc])
+    tmp = a.out + ".tmp"
+    json.dump(doc, open(tmp, "w"), indent=1, sort_keys=True)
+    os.replace(tmp, a.out)
+    c = [x for x in doc["cells"] if cell_key(x) == cell_key(cell)][0]
+    print("cell %s L=%s: mean TTFT per rep %s ms, desc/block %s" % (
+        a.config, a.input_len, ["%.0f" % x for x in c["mean_ttft_ms"] if x is not None], c["descriptors_per_block"]))
+
+
+def cmd_merge(a):
+    named = [(os.path.basename(p), json.load(open(p))) for p in a.inputs]
+    docs = [d for _, d in named]
+    if os.path.exists(a.out) and a.out not in a.inputs:
+        docs.insert(0, json.load(open(a.out)))
+    doc = merge_results(docs)
+    # which equivalence summaries decided equivalence_pass: those named in the documents (a
+    # bench call's equivalence_file) and any summary given here (a document without cells)
+    names = {n for n, d in named if "cells" not in d}
+    for d in docs:
+        names.update(d.get("equivalence_files", []))
+        if d.get("equivalence_file"):
+            names.add(d["equivalence_file"])
+    if names:
+        doc["equivalence_files"] = sorted(names)
+    json.dump(doc, open(a.out, "w"), indent=1, sort_keys=True)
+    source = "; equivalence from " + ", ".join(sorted(names)) if names else ""
+    print("%s: %d cells%s" % (a.out, len(doc["cells"]), source))
+
+
+def cmd_batch_invariant(a):
+    pkg = a.vllm_dir
+    if not pkg:
+        spec = importlib.util.find_spec("vllm")     # locates the package without running it
+        if spec is None or not spec.submodule_search_locations:
+            print("no"); return 1
+        pkg = list(spec.submodule_search_locations)[0]
+    ok = vllm_has_batch_invariant(pkg)
+    print("yes" if ok else "no")
+    return 0 if ok else 1
+
+
+
+def corruption_description(how):
+    """The negative-control hook's own description of ``how`` (shift, swap-layers).  Imports
+    only the hook's module (it arms nothing: its sitecustomize.py does that)."""
+    nc_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "negative_control")
+    sys.path.insert(0, nc_dir)
+    try:
+        import xlkv_negative_control
+    finally:
+        sys.path.remove(nc_dir)
+    return xlkv_negative_control.CORRUPTIONS[how]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="pdtools", description="helpers of the P/D experiment scripts")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("prompt")
+    s.add_argument("n", type=int)
+    s.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("equiv-run")
+    s.add_argument("--url", required=True, help="…/v1/completions")
+    s.add_argument("--model", required=True)
+    s.add_argument("--label", required=True)
+    s.add_argument("--lengths", default=",".join(map(str, DEFAULT_EQ_LENGTHS)))
+    s.add_argument("--max-tokens", type=int, default=32)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--logprobs", type=int, default=5, help="top logprobs per position (0: none)")
+    s.add_argument("--prom-url", help="D's /metrics: record the KV blocks D pulled for every request")
+    s.add_argument("--bytes-per-block", type=int, default=0)
+    s.add_argument("--kv-wait", type=float, default=15.0, help="seconds to wait for D's counters to move")
+    s.add_argument("--out", required=True)
+
+    s = sub.add_parser("equiv-summary")
+    s.add_argument("--out", required=True)
+    s.add_argument("--probe", action="append", default=[], metavar="CONFIG=KVRUN.json",
+                   help="kv-run output of the single-request probe of a config")
+    s.add_argument("--lengths", default=",".join(map(str, DEFAULT_EQ_LENGTHS)))
+    s.add_argument("--meta", help="JSON object merged into the summary (batch_invariant is read from it)")
+    s.add_argument("--logprob-tol", type=float, default=0.0,
+                   help="default kernels: how much more a P/D config's logprobs may differ than stock P/D's")
+    s.add_argument("--corruption", help="what the negative-control hook did (recorded)")
+    s.add_argument("runs", nargs="+")
+
+    s = sub.add_parser("kvstats")
+    s.add_argument("log")
+    s.add_argument("--offset", type=int, default=0)
+    s.add_argument("--bytes-per-block", type=int, default=0)
+
+    s = sub.add_parser("prom")
+    s.add_argument("url")
+
+    s = sub.add_parser("kv-run")
+    s.add_argument("--log")
+    s.add_argument("--offset", type=int, default=0)
+    s.add_argument("--prom-before")
+    s.add_argument("--prom-after")
+    s.add_argument("--bytes-per-block", type=int, default=0)
+    s.add_argument("--backend-log", help="server log that names the attention backend")
+    s.add_argument("--prompt-len", type=int, default=0, help="single-request probe: its prompt length")
+    s.add_argument("--block-size", type=int, default=16)
+
+    s = sub.add_parser("bench-cell")
+    s.add_argument("--out", required=True)
+    s.add_argument("--config", required=True)
+    s.add_argument("--input-len", type=int, required=True)
+    s.add_argument("--output-len", type=int, required=True)
+    s.add_argument("--num-prompts", type=int, required=True)
+    s.add_argument("--results", nargs="+", required=True)
+    s.add_argument("--kv", nargs="*", default=[])
+    s.add_argument("--commands")
+    s.add_argument("--bytes-per-block", type=int, default=0)
+    s.add_argument("--vllm-version", default=None)
+    s.add_argument("--gpu", default=None)
+    s.add_argument("--equivalence")
+    s.add_argument("--run-prefix", default=time.strftime("%Y%m%dT%H%M%S"))
+    s.add_argument("--meta")
+
+    s = sub.add_parser("merge")
+    s.add_argument("--out", required=True)
+    s.add_argument("inputs", nargs="+")
+
+    s = sub.add_parser("block-bytes")
+    s.add_argument("model")
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--tp", type=int, default=1)
+
+    s = sub.add_parser("gpu-slug")
+    s.add_argument("names", nargs="*")
+
+    s = sub.add_parser("batch-invariant", help="prints yes/no: does this vLLM know VLLM_BATCH_INVARIANT?")
+    s.add_argument("--vllm-dir", help="the vllm package folder (default: the importable one)")
+
+    s = sub.add_parser("nc-describe", help="prints what a negative-control corruption does")
+    s.add_argument("how", choices=("shift", "swap-layers"))
+
+    s = sub.add_parser("backend", help="prints the attention backend a vLLM server log names (or nothing)")
+    s.add_argument("log")
+
+    a = p.parse_args(argv)
+    if a.cmd == "prompt":
+        print(prompt_text(a.n, a.seed))
+    elif a.cmd == "equiv-run":
+        cmd_equiv_run(a)
+    elif a.cmd == "equiv-summary":
+        return cmd_equiv_summary(a)
+    elif a.cmd == "kvstats":
+        cmd_kvstats(a)
+    elif a.cmd == "prom":
+        cmd_prom(a)
+    elif a.cmd == "kv-run":
+        cmd_kv_run(a)
+    elif a.cmd == "bench-cell":
+        cmd_bench_cell(a)
+    elif a.cmd == "merge":
+        cmd_merge(a)
+    elif a.cmd == "block-bytes":
+        print(model_block_bytes(a.model, a.block_size, a.tp))
+    elif a.cmd == "gpu-slug":
+        names = a.names or [l for l in sys.stdin.read().splitlines()]
+        print(gpu_slug(names))
+    elif a.cmd == "batch-invariant":
+        return cmd_batch_invariant(a)
+    elif a.cmd == "nc-describe":
+        print(corruption_description(a.how))
+    elif a.cmd == "backend":
+        print(attention_backend(a.log) or "")
+    return 0

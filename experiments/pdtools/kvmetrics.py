@@ -1,0 +1,228 @@
+"""vLLM's KV-transfer metrics: the "KV Transfer metrics" log lines, the Prometheus NIXL
+counters, and the descriptor-per-block arithmetic.
+
+* ``vllm/distributed/kv_transfer/kv_connector/v1/metrics.py`` logs
+  ``"KV Transfer metrics: %s"`` with ``", ".join(f"{k}={v}" ...)`` of
+  ``NixlKVConnectorStats.reduce()`` (``.../nixl/stats.py``): Num successful transfers,
+  Avg/P90 xfer time (ms), Avg/P90 post time (ms), Avg MB per transfer (MiB, 2**20),
+  Throughput (MB/s), Avg number of descriptors.  The line is printed by the decode
+  instance (the side that reads) once per ``VLLM_LOG_STATS_INTERVAL`` with the transfers
+  of that interval only, so a run's numbers are the transfer-weighted mean of its lines.
+* Blocks per transfer are not logged.  They follow from the bytes: one block of a dense
+  model holds ``block_size * layers * 2 (K,V) * kv_heads * head_dim * dtype_bytes`` bytes
+  (1.75 MiB for the Qwen3-0.6B shape at block 16), divided over tensor-parallel ranks.
+  Descriptors per block = (avg descriptors per transfer) / (avg blocks per transfer).
+* The same counters exist as Prometheus histograms on the decode instance:
+  ``vllm:nixl_num_descriptors`` and ``vllm:nixl_bytes_transferred`` (``_sum``/``_count``).
+"""
+
+import json
+import math
+import os
+import re
+
+KV_LINE_RE = re.compile(r"KV Transfer metrics: (.*)$")
+# Keys are free text with spaces and parentheses; values are numbers. Split on ", " that
+# is followed by a key and "=".
+_KV_PAIR_RE = re.compile(r"\s*([^=,][^=]*?)=([-+0-9.eEinfaN]+)\s*(?:,|$)")
+
+KEY_N = "Num successful transfers"
+KEY_XFER = "Avg xfer time (ms)"
+KEY_P90 = "P90 xfer time (ms)"
+KEY_POST = "Avg post time (ms)"
+KEY_MB = "Avg MB per transfer"
+KEY_TPUT = "Throughput (MB/s)"
+KEY_DESC = "Avg number of descriptors"
+
+
+def parse_kv_line(line):
+    """Dict of the numbers in one "KV Transfer metrics:" line, or None if it is not one."""
+    m = KV_LINE_RE.search(line.rstrip("\n"))
+    if not m:
+        return None
+    out = {}
+    for k, v in _KV_PAIR_RE.findall(m.group(1)):
+        try:
+            num = float(v)
+        except ValueError:
+            continue
+        out[k.strip()] = int(num) if num.is_integer() and k.strip() == KEY_N else num
+    return out if KEY_N in out else None
+
+
+def read_kv_lines(path, offset=0):
+    """Parsed KV metrics lines of a log file, from byte ``offset`` on."""
+    rows = []
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for raw in f:
+            rec = parse_kv_line(raw.decode("utf-8", errors="replace"))
+            if rec is not None:
+                rows.append(rec)
+    return rows
+
+
+def aggregate_kv(rows):
+    """Transfer-weighted aggregate of several interval lines (one benchmark run)."""
+    rows = [r for r in rows if r.get(KEY_N, 0) > 0]
+    n = sum(r[KEY_N] for r in rows)
+    if n == 0:
+        return {"num_transfers": 0, "lines": len(rows)}
+
+    def wmean(key):
+        vals = [(r[KEY_N], r[key]) for r in rows if key in r]
+        tot = sum(w for w, _ in vals)
+        return sum(w * v for w, v in vals) / tot if tot else None
+
+    avg_mb = wmean(KEY_MB)
+    avg_xfer = wmean(KEY_XFER)
+    return {
+        "num_transfers": n,
+        "lines": len(rows),
+        "avg_descriptors_per_transfer": wmean(KEY_DESC),
+        "avg_mb_per_transfer": avg_mb,
+        "avg_xfer_ms": avg_xfer,
+        "max_p90_xfer_ms": max((r[KEY_P90] for r in rows if KEY_P90 in r), default=None),
+        "avg_post_ms": wmean(KEY_POST),
+        # total MiB over total transfer time, like vLLM's own Throughput field
+        "throughput_mb_s": (avg_mb / (avg_xfer / 1e3)) if avg_mb and avg_xfer else None,
+    }
+
+
+_PROM_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfaN]+)")
+PROM_KEYS = {
+    "vllm:nixl_num_descriptors_sum": "descriptors_sum",
+    "vllm:nixl_num_descriptors_count": "transfers",
+    "vllm:nixl_bytes_transferred_sum": "bytes_sum",
+    "vllm:nixl_xfer_time_seconds_sum": "xfer_seconds_sum",
+    "vllm:nixl_num_failed_transfers_total": "failed_transfers",
+}
+
+
+def parse_prom(text):
+    """The NIXL counters of a Prometheus text page, summed over label sets (engines)."""
+    out = {v: 0.0 for v in PROM_KEYS.values()}
+    seen = False
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = _PROM_RE.match(line)
+        if m and m.group(1) in PROM_KEYS:
+            out[PROM_KEYS[m.group(1)]] += float(m.group(3))
+            seen = True
+    return out if seen else None
+
+
+def prom_delta(before, after):
+    """Counters of one run: after - before (None when the endpoint had no NIXL metrics)."""
+    if not before or not after:
+        return None
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    n = d.get("transfers", 0)
+    return {
+        "num_transfers": int(round(n)),
+        "avg_descriptors_per_transfer": d["descriptors_sum"] / n if n else None,
+        "avg_mb_per_transfer": d["bytes_sum"] / n / 2**20 if n else None,
+        "avg_xfer_ms": d["xfer_seconds_sum"] / n * 1e3 if n else None,
+        "throughput_mb_s": d["bytes_sum"] / 2**20 / d["xfer_seconds_sum"] if n and d["xfer_seconds_sum"] else None,
+        "failed_transfers": int(round(d.get("failed_transfers", 0))),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Descriptor-per-block arithmetic
+# ----------------------------------------------------------------------------------------
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1, "fp8": 1}
+
+
+def block_bytes(num_layers, num_kv_heads, head_dim, block_size=16, dtype_bytes=2, tp=1):
+    """Bytes of one KV block over all layers (K and V) as one TP rank holds it."""
+    heads = max(1, num_kv_heads // max(1, tp))
+    return block_size * num_layers * 2 * heads * head_dim * dtype_bytes
+
+
+def model_block_bytes(model_dir, block_size=16, tp=1, kv_dtype_bytes=None):
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dt = kv_dtype_bytes or DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2)
+    return block_bytes(cfg["num_hidden_layers"], cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+                       head_dim, block_size, dt, tp)
+
+
+def blocks_per_transfer(avg_mb_per_transfer, bytes_per_block):
+    """Avg blocks per transfer from vLLM's "Avg MB per transfer" (MiB, rounded to 3 places)."""
+    if not avg_mb_per_transfer or not bytes_per_block:
+        return None
+    return avg_mb_per_transfer * 2**20 / bytes_per_block
+
+
+def descriptors_per_block(avg_descs, avg_blocks):
+    if avg_descs is None or not avg_blocks:
+        return None
+    return avg_descs / avg_blocks
+
+
+def blocks_for_prompt(n_tokens, block_size=16):
+    """Blocks a single-request probe moves: every prompt block, the partial last one too."""
+    return math.ceil(n_tokens / block_size)
+
+
+def descriptor_limit(attn_backend):
+    """What the shim promises: 1 descriptor per block on FLASH_ATTN (K and V in one block
+    region), at most 2 elsewhere (K and V regions apart)."""
+    return 1.0 if attn_backend and "FLASH_ATTN" in attn_backend.upper() and "MLA" not in attn_backend.upper() else 2.0
+
+
+def kv_summary(kv, bytes_per_block):
+    """Add blocks/descriptors-per-block to an aggregate_kv() or prom_delta() dict."""
+    if not kv:
+        return kv
+    kv = dict(kv)
+    b = blocks_per_transfer(kv.get("avg_mb_per_transfer"), bytes_per_block)
+    kv["blocks_per_transfer"] = b
+    kv["descriptors_per_block"] = descriptors_per_block(kv.get("avg_descriptors_per_transfer"), b)
+    return kv
+
+
+_BACKEND_RES = (
+    re.compile(r"Using (\S+) attention backend out of potential backends"),
+    re.compile(r"Using (\S+) backend\."),
+)
+
+
+def attention_backend(log_path):
+    """Attention backend named in a vLLM server log ("FLASH_ATTN", ...), or None."""
+    try:
+        text = open(log_path, errors="replace").read()
+    except OSError:
+        return None
+    for rx in _BACKEND_RES:
+        m = rx.findall(text)
+        if m:
+            return m[-1].split(".")[-1].strip("'\"")
+    return None
+
+
+def kv_run(log_path, offset, prom_before, prom_after, bytes_per_block, backend=None):
+    """KV numbers of one run: Prometheus deltas when D exports them (exact sums), the log
+    lines after ``offset`` otherwise; both are kept for cross-checking."""
+    kv_log = aggregate_kv(read_kv_lines(log_path, offset)) if log_path and os.path.exists(log_path) else None
+    if kv_log is not None:
+        kv_log["source"] = "log"
+        kv_log = kv_summary(kv_log, bytes_per_block)
+    kv_prom = prom_delta(prom_before, prom_after)
+    if kv_prom is not None:
+        kv_prom["source"] = "prom"
+        kv_prom = kv_summary(kv_prom, bytes_per_block)
+    if kv_prom and kv_prom.get("num_transfers"):
+        chosen = dict(kv_prom)
+    elif kv_log and kv_log.get("num_transfers"):
+        chosen = dict(kv_log)
+    else:
+        chosen = {"num_transfers": 0, "source": None}
+    chosen["bytes_per_block"] = bytes_per_block
+    chosen["log"] = kv_log
+    chosen["prom"] = kv_prom
+    if backend:
+        chosen["attn_backend"] = backend
+    return chosen

@@ -1,0 +1,126 @@
+"""Results JSON of the benchmark: cells (one per config x length), idempotent merging, GPU tags."""
+
+import json
+import re
+import statistics
+import time
+
+from .kvmetrics import kv_summary
+
+CELL_KEY = ("config", "input_len", "output_len", "num_prompts")
+PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "total_tok_s",
+           "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps")
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, commands, bytes_per_block):
+    """One results cell from per-repetition bench results and KV stats."""
+    cell = {"config": config, "input_len": input_len, "output_len": output_len, "num_prompts": num_prompts,
+            "kv_xfer": {"num_transfers": [], "avg_xfer_ms": [], "avg_mb_per_transfer": [],
+                        "blocks_per_transfer": [], "throughput_mb_s": [], "source": []},
+            "commands": list(commands)}
+    for k in PER_REP:
+        cell[k] = []
+    for i, (r, kv) in enumerate(zip(runs, kvs)):
+        cell["run_ids"].append(r.get("_run_id") or "%s-%d" % (r.get("date", time.strftime("%Y%m%d-%H%M%S")), i))
+        cell["mean_ttft_ms"].append(r.get("mean_ttft_ms"))
+        cell["median_ttft_ms"].append(r.get("median_ttft_ms"))
+        cell["p99_ttft_ms"].append(r.get("p99_ttft_ms"))
+        cell["mean_itl_ms"].append(r.get("mean_itl_ms"))
+        cell["total_tok_s"].append(r.get("total_token_throughput"))
+        cell["completed"].append(r.get("completed"))
+        cell["failed"].append(r.get("failed", (num_prompts - r["completed"]) if r.get("completed") is not None else None))
+        kv = kv_summary(kv or {}, bytes_per_block)
+        cell["descriptors_per_transfer"].append(kv.get("avg_descriptors_per_transfer"))
+        cell["descriptors_per_block_reps"].append(kv.get("descriptors_per_block"))
+        for k in ("num_transfers", "avg_xfer_ms", "avg_mb_per_transfer", "blocks_per_transfer", "throughput_mb_s"):
+            cell["kv_xfer"][k].append(kv.get(k))
+        cell["kv_xfer"]["source"].append(kv.get("source"))
+    _finish_cell(cell)
+    return cell
+
+
+def _finish_cell(cell):
+    """Derived single numbers of a cell (recomputed after merges)."""
+    cell["reps"] = len(cell["mean_ttft_ms"])
+    cell["descriptors_per_block"] = _median(cell.get("descriptors_per_block_reps", []))
+    ttft = [x for x in cell["mean_ttft_ms"] if x is not None]
+    cell["mean_ttft_ms_mean"] = statistics.mean(ttft) if ttft else None
+    cell["mean_ttft_ms_std"] = statistics.stdev(ttft) if len(ttft) > 1 else 0.0 if ttft else None
+    return cell
+
+
+def cell_key(cell):
+    return tuple(cell.get(k) for k in CELL_KEY)
+
+
+def merge_results(docs):
+    """Merge results documents.  Cells with the same key get the repetitions they lack
+    (by run id), so merging the same file twice changes nothing."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    out = {"cells": [], "commands": []}
+    index = {}
+    for d in docs:
+        if "cells" in d:  # a results document: keep its top-level fields (first one wins)
+            for k, v in d.items():
+                if k not in ("cells", "commands", "equivalence_pass", "descriptor_pass", "warnings"):
+                    out.setdefault(k, v)
+        for k in ("vllm_version", "gpu"):
+            if out.get(k) and d.get(k) and out[k] != d[k]:
+                out.setdefault("warnings", []).append("merged %s %r with %r" % (k, out[k], d[k]))
+            elif d.get(k):
+                out.setdefault(k, d[k])
+        for k in ("equivalence_pass", "descriptor_pass"):
+            # results files and equivalence summaries both carry these; one failure fails all
+            if d.get(k) is not None:
+                prev = out.get(k)
+                out[k] = d[k] if prev is None else bool(prev and d[k])
+        for c in d.get("commands", []):
+            if c not in out["commands"]:
+                out["commands"].append(c)
+        for cell in d.get("cells", []):
+            key = cell_key(cell)
+            if key not in index:
+                new = json.loads(json.dumps(cell))
+                index[key] = new
+                out["cells"].append(new)
+                continue
+            tgt = index[key]
+            have = set(tgt.get("run_ids", []))
+            for i, rid in enumerate(cell.get("run_ids", [])):
+                if rid in have:
+                    continue
+                have.add(rid)
+                for k in PER_REP:
+                    if k in cell:
+                        tgt.setdefault(k, []).append(cell[k][i] if i < len(cell[k]) else None)
+                for k, v in cell.get("kv_xfer", {}).items():
+                    if isinstance(v, list):
+                        tgt.setdefault("kv_xfer", {}).setdefault(k, []).append(v[i] if i < len(v) else None)
+            for c in cell.get("commands", []):
+                if c not in tgt.setdefault("commands", []):
+                    tgt["commands"].append(c)
+            _finish_cell(tgt)
+    out["cells"].sort(key=lambda c: (c.get("input_len") or 0, str(c.get("config"))))
+    out.setdefault("equivalence_pass", None)  # always present: null = no equivalence run given
+    return out
+
+
+def gpu_slug(names):
+    """["NVIDIA H200", "NVIDIA H200"] -> "2xH200"; mixed names joined with '+'."""
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        return "cpu"
+    short = [re.sub(r"[^A-Za-z0-9]+", "-", n.replace("NVIDIA", "").strip()).strip("-") or "gpu" for n in names]
+    groups = []
+    for s in short:
+        if groups and groups[-1][0] == s:
+            groups[-1][1] += 1
+        else:
+            groups.append([s, 1])
+    return "+".join("%dx%s" % (c, s) for s, c in groups)
