@@ -306,12 +306,47 @@ start_pair() {
   local dpid=${PIDS[-1]}
   wait_ready "P[$cfg]" "http://127.0.0.1:$PORT_P/health" "$ppid" "$P_LOG"
   wait_ready "D[$cfg]" "http://127.0.0.1:$PORT_D/health" "$dpid" "$D_LOG"
+  start_proxy
+  case "$cfg" in shim|nc-shim) check_shim_active "$P_LOG" "$D_LOG" ;; esac
+  case "$cfg" in nc-*) check_negative_control_active "$D_LOG" ;; esac
+}
+
+# restart_decode CONFIG TAG: keeps P of the running pair, replaces D and the proxy by a D with
+# CONFIG's settings (logs under $WORK/TAG-{d,proxy}.log).  For a negative control right after
+# its own config: P is the same, and one server start-up is saved (two on a shared GPU, where
+# a pair starts one server after the other).
+restart_decode() {
+  local cfg=$1 tag=$2 i pid t0
+  local -a keep_p=() keep_n=() keep_l=()
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    case "${PNAMES[$i]}" in
+      D\[*|proxy) pid=${PIDS[$i]}
+        if kill -0 "$pid" 2>/dev/null; then kill -TERM -- "-$pid" 2>/dev/null || true; fi
+        t0=$SECONDS
+        while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$STOP_TIMEOUT" ]; do sleep 1; done
+        if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || true; fi ;;
+      *) keep_p=("${PIDS[$i]}" "${keep_p[@]}"); keep_n=("${PNAMES[$i]}" "${keep_n[@]}")
+         keep_l=("${PLOGS[$i]}" "${keep_l[@]}") ;;
+    esac
+  done
+  PIDS=("${keep_p[@]}"); PNAMES=("${keep_n[@]}"); PLOGS=("${keep_l[@]}")
+  t0=$SECONDS
+  while { port_in_use "$PORT_D" || port_in_use "$PORT_PROXY" || port_in_use "$SIDE_D"; } &&
+        [ $((SECONDS - t0)) -lt 30 ]; do sleep 1; done
+  require_ports_free "$PORT_D" "$PORT_PROXY" "$SIDE_D"
+  log "restarting D as $cfg (P kept)"
+  D_LOG="$WORK/$tag-d.log"; PROXY_LOG="$WORK/$tag-proxy.log"
+  start_server "D[$cfg]" "$cfg" "$PORT_D" "$SIDE_D" "$D_GPUS" "$TP_D" "$D_LOG"
+  wait_ready "D[$cfg]" "http://127.0.0.1:$PORT_D/health" "${PIDS[-1]}" "$D_LOG"
+  start_proxy
+  case "$cfg" in nc-*) check_negative_control_active "$D_LOG" ;; esac
+}
+
+start_proxy() {
   setsid "$PY" "$EXP_DIR/pd_proxy.py" --port "$PORT_PROXY" --prefill "http://127.0.0.1:$PORT_P" \
     --decode "http://127.0.0.1:$PORT_D" > "$PROXY_LOG" 2>&1 < /dev/null &
   PIDS+=($!); PNAMES+=("proxy"); PLOGS+=("$PROXY_LOG")
   wait_ready proxy "http://127.0.0.1:$PORT_PROXY/health" "${PIDS[-1]}" "$PROXY_LOG" 60
-  case "$cfg" in shim|nc-shim) check_shim_active "$P_LOG" "$D_LOG" ;; esac
-  case "$cfg" in nc-*) check_negative_control_active "$D_LOG" ;; esac
 }
 
 # The shim logs "xlkv_autopatch: <patch> is active in this process" when it patches.

@@ -25,7 +25,8 @@
 # sitecustomize.py wraps the NIXL connector worker's get_finished and corrupts, for every
 # request whose KV has just arrived, one received block (NC_CORRUPTION=shift: the block gets
 # the bytes of the block after it, in every layer, as an off-by-one descriptor would;
-# swap-layers: layers 0 and 1 of the block trade places).  Only (b) runs for them.  Each must
+# swap-layers: layers 0 and 1 of the block trade places).  Only (b) runs for them, right after
+# their own config, whose P is kept (only D restarts: one start-up less).  Each must
 # differ from the baseline (ids, or logprobs beyond what the uncorrupted config shows): the
 # summary records negative_control: [{"config", "corruption", "detected"}].
 #
@@ -98,9 +99,17 @@ esac
 nc_configs=()
 for c in ${EQ_NEGATIVE_CONTROL//,/ }; do nc_configs+=("nc-$c"); done
 
+# Order: each negative control right after its own config (it keeps that config's P).
+ordered=()
+for cfg in $EQ_CONFIGS; do
+  ordered+=("$cfg")
+  for c in "${nc_configs[@]}"; do [ "$c" = "nc-$cfg" ] && ordered+=("$c"); done
+done
+for c in "${nc_configs[@]}"; do case " ${ordered[*]} " in *" $c "*) ;; *) ordered+=("$c") ;; esac; done
+
 # The shim must support this release, otherwise say so (with its own status output).
 run_configs=()
-for cfg in $EQ_CONFIGS "${nc_configs[@]}"; do
+for cfg in "${ordered[@]}"; do
   if why=$(config_supported "$cfg"); then run_configs+=("$cfg"); continue; fi
   printf '%s\n' "$why" >&2
   case "$cfg" in shim|nc-shim) die "$EXIT_UNSUPPORTED" "vLLM $VLLM_VERSION is not supported by the shim (see above)" ;; esac
@@ -112,9 +121,12 @@ PD="http://127.0.0.1:$PORT_PROXY/v1/completions"
 LOCAL="http://127.0.0.1:$PORT_D/v1/completions"
 PROM_D="http://127.0.0.1:$PORT_D/metrics"
 run_files=(); probe_args=()
+running=""   # config of the pair still running (kept for its negative control)
 for cfg in "${run_configs[@]}"; do
   log "=== $cfg ==="
-  start_pair "$cfg" "eq-$cfg"
+  if [ -n "$running" ] && [ "$cfg" = "nc-$running" ]; then restart_decode "$cfg" "eq-$cfg"
+  else stop_all; start_pair "$cfg" "eq-$cfg"; fi
+  running=""
   case "$cfg" in
     nc-*)  # negative control: only P/D, through a D that corrupts what it received
       pdtools equiv-run --url "$PD" --model "$MODEL" --label "pd:$cfg" --lengths "$EQ_NC_LENGTHS" \
@@ -146,8 +158,9 @@ for cfg in "${run_configs[@]}"; do
     --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" \
     --prompt-len "$PROBE_LEN" --block-size "$BLOCK_SIZE" > "$WORK/eq-probe-$cfg.json"
   probe_args+=(--probe "$cfg=$WORK/eq-probe-$cfg.json")
-  stop_all
+  running=$cfg
 done
+stop_all
 
 meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "date": "%s"}' \
   "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \

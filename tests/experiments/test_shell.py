@@ -262,7 +262,7 @@ def test_negative_controls_end_to_end_with_fake_vllm(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "eq.json").read_text())
-    assert [x["label"] for x in s["runs"]] == ["local:stock", "pd:stock", "local:shim", "pd:shim", "pd:nc-stock",
+    assert [x["label"] for x in s["runs"]] == ["local:stock", "pd:stock", "pd:nc-stock", "local:shim", "pd:shim",
                                                "pd:nc-shim"]
     assert s["equivalence_pass"] and s["pass"] and s["negative_control_pass"] is True
     nc = {n["config"]: n for n in s["negative_control"]}
@@ -274,9 +274,11 @@ def test_negative_controls_end_to_end_with_fake_vllm(tmp_path):
     work = tmp_path / "work"
     for cfg in ("nc-stock", "nc-shim"):
         assert "xlkv negative control: armed (shift)" in (work / ("eq-%s-d.log" % cfg)).read_text()
-        assert "negative control" not in (work / ("eq-%s-p.log" % cfg)).read_text()
+        assert "restarting D as %s (P kept)" % cfg in r.stderr  # P of its own config serves it
+        assert not (work / ("eq-%s-p.log" % cfg)).exists()
     for cfg in ("stock", "shim"):
         assert "negative control" not in (work / ("eq-%s-d.log" % cfg)).read_text()
+        assert "negative control" not in (work / ("eq-%s-p.log" % cfg)).read_text()
     assert "FAIL as planted: detected" in r.stdout
 
 

@@ -1,4 +1,4 @@
-"""Fake vllm.envs: only what experiments/pdtools.py looks for (the name of the variable)."""
+"""Fake vllm.envs: only what experiments/pdtools (vllminfo) looks for (the name of the variable)."""
 import os
 
 environment_variables = {

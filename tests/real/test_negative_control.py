@@ -1,0 +1,74 @@
+"""The negative control of the equivalence checks, driven through the CPU harness: real vLLM
+NixlConnector + real NIXL, P and D as two processes (tests/compat/pd_harness.py).
+
+experiments/negative_control/ (experiments only, never in the installed package) is put first
+on D's PYTHONPATH; its sitecustomize.py wraps the NIXL connector worker's completion poll and
+corrupts the first block of every request whose KV just arrived.  The harness's byte-for-byte
+comparison must catch that, for the stock layout and for the shim's cross-layer layout, while
+the same runs without the hook pass.  A check that cannot see this fault would not see a real
+block-indexing bug either."""
+
+import json
+import os
+import re
+
+import pytest
+
+from conftest import ROOT, run_in
+
+HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
+HOOK_DIR = os.path.join(ROOT, "experiments", "negative_control")
+LAYERS = 4  # the harness model
+
+
+def harness(python, tmp_path, name, *args, env=None):
+    out = tmp_path / ("%s.json" % name)
+    r = run_in(python, [HARNESS, "--out", str(out), "--timeout", "45", "--case", "noncontig"] + list(args),
+               env=env, timeout=900)
+    assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    data["_log"] = r.stdout + r.stderr
+    return data
+
+
+def hooked(how):
+    return ["--d-env", "PYTHONPATH=" + HOOK_DIR, "--d-env", "XLKV_NEGATIVE_CONTROL=" + how]
+
+
+LAYOUTS = {"stock": {}, "shim": {"ENABLE_XLKV": "true"}}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_clean_run_passes(vllm_env, tmp_path, layout):
+    r = harness(vllm_env[1], tmp_path, "clean-" + layout, env=LAYOUTS[layout])
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    assert "xlkv negative control" not in r["_log"]
+    assert r["cases"]["noncontig"]["bytes_ok"] is True
+
+
+@pytest.mark.parametrize("how", ["shift", "swap-layers"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_corrupted_block_is_caught_by_the_byte_comparison(vllm_env, tmp_path, layout, how):
+    r = harness(vllm_env[1], tmp_path, "nc-%s-%s" % (layout, how), *hooked(how), env=LAYOUTS[layout])
+    log = r["_log"]
+    # the hook loaded in D only, found the release's worker class and acted once
+    assert "xlkv negative control: armed (%s)" % how in log, log[-3000:]
+    assert re.search(r"xlkv negative control: wrapped Nixl\w*ConnectorWorker\.get_\w+ in vllm\.", log), log[-3000:]
+    acted = re.findall(r"xlkv negative control: request (\S+): %s: (.*) \(pid \d+\)" % how, log)
+    assert [req for req, _ in acted] == ["req-noncontig-a"], log[-3000:]
+    assert "FAILED" not in acted[0][1], acted
+    # the layout under test is the one the clean run has (the hook does not switch the shim off)
+    if layout == "shim":
+        assert r["cross_layer"] is True or (r["descs_per_block"] == 1), r
+    else:
+        assert r["descs_per_block"] >= LAYERS, r
+    # the byte comparison catches it: exactly the corrupted block (local 30, from remote 7)
+    case = r["cases"]["noncontig"]
+    assert r["transfer_verified"] is False and case["bytes_ok"] is False, case
+    assert case["recv_done"] is True and case["invalid_block_ids"] == [], case
+    bad = case["mismatches"]
+    assert bad and all(m.endswith("local block 30 != remote block 7") for m in bad), bad
+    expected_layers = LAYERS if how == "shift" else 2
+    assert len(bad) == expected_layers, bad
+    if how == "shift":
+        assert "block 30 <- block 31" in acted[0][1]
