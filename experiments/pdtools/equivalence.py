@@ -22,7 +22,7 @@ import math
 import time
 
 from .client import http_json, http_text
-from .kvmetrics import descriptor_limit, parse_prom
+from .kvmetrics import PROM_KEYS, descriptor_limit, parse_prom
 from .prompts import prompt_text
 
 TOP_LOGPROBS = 5
@@ -74,12 +74,15 @@ def _extract_logprobs(choice):
 
 
 def _prom_snapshot(prom_url):
+    """D's NIXL counters; all zero when the page has none yet (vLLM may export a histogram
+    only once it has observed something), None when /metrics cannot be read."""
     if not prom_url:
         return None
     try:
-        return parse_prom(http_text(prom_url, timeout=10))
+        text = http_text(prom_url, timeout=10)
     except Exception:
         return None
+    return parse_prom(text) or {v: 0.0 for v in PROM_KEYS.values()}
 
 
 def _transfer_delta(before, after, bytes_per_block):

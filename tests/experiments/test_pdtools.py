@@ -518,3 +518,39 @@ def test_nc_describe_names_the_hooks_corruption():
     r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "nc-describe", "shift"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and r.stdout.startswith("shift: ") and "next block id" in r.stdout
+
+
+def test_kv_pulled_reads_d_metrics_before_and_after(tmp_path):
+    """kv_pulled against a real HTTP /metrics page: counters absent at first (vLLM may export a
+    histogram only after its first observation) count as zero; the delta gives the blocks."""
+    import http.server
+    import threading
+
+    pages = {"text": "# no NIXL metrics yet\nvllm:num_requests_running 0\n"}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages["text"].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = "http://127.0.0.1:%d/metrics" % srv.server_port
+    try:
+        before = pdtools.equivalence._prom_snapshot(url)
+        assert before["transfers"] == 0.0
+        pages["text"] = PROM_TEXT
+        d = pdtools.kv_pulled(url, before, QWEN3_BLOCK, wait_s=2)
+        assert d["transfers"] == 2 and d["blocks"] == pytest.approx(200) and d["descriptors"] == 11200
+        # nothing moved: the delta says so after the wait (no exception, no guess)
+        d = pdtools.kv_pulled(url, pdtools.equivalence._prom_snapshot(url), QWEN3_BLOCK, wait_s=0.5, poll_s=0.1)
+        assert d["transfers"] == 0 and d["bytes"] == 0
+    finally:
+        srv.shutdown()
+    assert pdtools.kv_pulled("http://127.0.0.1:9/metrics", None, QWEN3_BLOCK, wait_s=0.1) is None
