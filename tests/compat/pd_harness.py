@@ -162,11 +162,9 @@ def _setup(role, args, tmpdir):
     state["platform"] = _force_platform()
 
     # what the engine core / worker do first: load general plugins (the shim may be one)
-    try:
-        from vllm.plugins import load_general_plugins
-        load_general_plugins()
-    except Exception as e:  # pragma: no cover
-        state.setdefault("warnings", []).append(f"load_general_plugins: {e!r}")
+    # as in vLLM, an exception from a plugin ends the process (it is not a warning)
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
 
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
                              SchedulerConfig, VllmConfig, set_current_vllm_config)
@@ -212,8 +210,18 @@ def _setup(role, args, tmpdir):
     sc = _kw(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
              is_encoder_decoder=False)
     cc = _kw(CacheConfig, block_size=block_size)
+    # --p-tp / --d-tp N: this side runs N tensor-parallel worker ranks, one process each
+    tp = getattr(args, f"{role}_tp", 1) or 1
+    tp_rank = getattr(args, "tp_rank", 0) or 0
+    state["tp"], state["tp_rank"] = tp, tp_rank
+    extra_cfg = {}
+    if tp > 1:
+        from vllm.config import ParallelConfig
+        # "mp": what vLLM picks for one node; named so that no device count is consulted
+        extra_cfg["parallel_config"] = _kw(ParallelConfig, tensor_parallel_size=tp,
+                                           distributed_executor_backend="mp")
     cfg = _kw(VllmConfig, model_config=mc, cache_config=cc, scheduler_config=sc,
-              kv_transfer_config=kvt, device_config=DeviceConfig("cpu"))
+              kv_transfer_config=kvt, device_config=DeviceConfig("cpu"), **extra_cfg)
     state["cfg"] = cfg
     # 0.22+: which model runner this engine would use on a GPU machine (the shim forces V1 on
     # 0.22-0.28). Harness-only: vLLM's config module sees no Triton driver here and would pick
@@ -233,10 +241,12 @@ def _setup(role, args, tmpdir):
     ctx = set_current_vllm_config(cfg)
     ctx.__enter__()
     state["_ctx"] = ctx  # keep a reference: GC would exit the context
-    init_distributed_environment(world_size=1, rank=0, local_rank=0,
+    # a real gloo process group over this side's ranks (world size 1 at TP 1), as the
+    # release's GPU worker initialises it (with NCCL there)
+    init_distributed_environment(world_size=tp, rank=tp_rank, local_rank=tp_rank,
                                  distributed_init_method=f"file://{tmpdir}/dist-{role}",
                                  backend="gloo")
-    initialize_model_parallel(1, 1)
+    initialize_model_parallel(tp, 1)
 
     backends = _current_backends(cfg)
     backend = backends[0]
@@ -249,7 +259,9 @@ def _setup(role, args, tmpdir):
         backend.get_supported_kernel_block_sizes = staticmethod(lambda *a, **k: [kernel_bs])
 
     names = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
-    spec = _kw(FullAttentionSpec, block_size=block_size, num_kv_heads=NUM_KV_HEADS,
+    assert NUM_KV_HEADS % tp == 0, f"{NUM_KV_HEADS} KV heads do not split over TP {tp}"
+    # each rank holds its share of the KV heads (vLLM's Attention layer divides them by TP)
+    spec = _kw(FullAttentionSpec, block_size=block_size, num_kv_heads=NUM_KV_HEADS // tp,
                head_size=HEAD_DIM, dtype=torch.bfloat16)
     # mirrors GPUModelRunner.get_kv_cache_spec (0.24-0.28): the runner stamps each
     # AttentionSpec with its backend's indexes_kv_by_block_stride() under the current config
@@ -474,13 +486,34 @@ def _block_dim(shape, tensor_blocks):
     return dims[0]
 
 
+def _head_dim(shape, heads):
+    """The KV-head dim of a per-layer view: FLASH_ATTN up to 0.25 gives [..., tokens, heads,
+    head_size] (K/V a separate dim), 0.26+ [blocks, heads, tokens, 2 * head_size]."""
+    shape = tuple(shape)
+    hd = len(shape) - 2 if shape[-1] == HEAD_DIM else len(shape) - 3
+    assert shape[-1] in (HEAD_DIM, 2 * HEAD_DIM) and shape[hd] == heads, \
+        f"cannot find the {heads}-head dim in the per-layer view {shape}"
+    return hd
+
+
 def _fill_reference(state):
+    """Seeded random data in every layer. At TP N every rank draws the same whole-model
+    tensor (all KV heads) and keeps its own heads' slice, so the parent can rebuild it."""
     import torch
     g = torch.Generator().manual_seed(1234)
+    tp, rank = state.get("tp", 1), state.get("tp_rank", 0)
     ref = {}
     for n in state["names"]:
         t = state["kv_caches"][n]
-        src = torch.randn(tuple(t.shape), generator=g).to(t.dtype)
+        if tp == 1:
+            src = torch.randn(tuple(t.shape), generator=g).to(t.dtype)
+        else:
+            hd = _head_dim(t.shape, NUM_KV_HEADS // tp)
+            whole = list(t.shape)
+            whole[hd] = NUM_KV_HEADS
+            per = NUM_KV_HEADS // tp
+            src = torch.randn(tuple(whole), generator=g).to(t.dtype).narrow(hd, rank * per, per)
+            src = src.contiguous()
         t.copy_(src)
         ref[n] = src
     return ref
@@ -555,9 +588,39 @@ def _tick(state, md=None):
     return done
 
 
+def _worker_handshake_metadata(st):
+    """This rank's handshake metadata, from the release's own
+    GPU Worker.get_kv_connector_handshake_metadata ({tp_rank: ...} or {(pp, tp): ...})."""
+    from vllm.v1.worker.gpu_worker import Worker as GpuWorker
+    gw = object.__new__(GpuWorker)  # not __init__'ed; only what the method reads
+    rank = st.get("tp_rank", 0)
+    for a, v in (("vllm_config", st["cfg"]), ("parallel_config", st["cfg"].parallel_config),
+                 ("model_runner", st["runner"]), ("rank", rank), ("local_rank", rank)):
+        try:
+            setattr(gw, a, v)
+        except Exception:
+            pass
+    return GpuWorker.get_kv_connector_handshake_metadata(gw)
+
+
+def _serve_handshake(st, content):
+    """What the engine core does with the workers' merged metadata: a scheduler-role
+    connector serves it on vLLM's zmq side channel."""
+    sched = _kw(type(st["outer"]), vllm_config=st["cfg"], role=_role("SCHEDULER"),
+                kv_cache_config=st["kvcc"])
+    st["sched"] = sched
+    if content:
+        if hasattr(sched, "set_xfer_handshake_metadata_pp_aware"):
+            sched.set_xfer_handshake_metadata_pp_aware(content)
+        else:
+            sched.set_xfer_handshake_metadata(content)
+
+
 def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
+    global NUM_KV_HEADS
     os.environ.update(env)
     args = argparse.Namespace(**args_dict)
+    NUM_KV_HEADS = getattr(args, "kv_heads", None) or NUM_KV_HEADS
     t0 = time.time()
     logs = None
     try:
@@ -572,6 +635,8 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                                     "use_v2_model_runner", "kernel_ratio", "tensor_blocks") if k in st}
         info["cross_layer_shape"] = st.get("cross_layer_shape")
         info["worker"] = ws
+        if args.p_tp > 1 or args.d_tp > 1:
+            info["tp"], info["tp_rank"] = st["tp"], st["tp_rank"]
         info["setup_s"] = round(time.time() - t0, 2)
         # the shim's own log lines (vLLM's logger tree), whatever vLLM does with stdout
         info["xlkv_log"] = [f"{lvl} {msg}"[:400] for lvl, name, msg in logs.records
@@ -579,30 +644,16 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
         conn = st["conn"]
         if role == "p":
             ref = _fill_reference(st)
-            # engine core: worker handshake metadata -> scheduler connector side channel
-            sched_cls = type(st["outer"])
-            sched = _kw(sched_cls, vllm_config=st["cfg"], role=_role("SCHEDULER"),
-                        kv_cache_config=st["kvcc"])
-            st["sched"] = sched
-            # engine core: collect the worker's handshake metadata with the release's own
-            # GPU Worker.get_kv_connector_handshake_metadata, hand it to the scheduler side
-            from vllm.v1.worker.gpu_worker import Worker as GpuWorker
-            content = {}
-            gw = object.__new__(GpuWorker)  # not __init__'ed; only what the method reads
-            for a, v in (("vllm_config", st["cfg"]), ("parallel_config", st["cfg"].parallel_config),
-                         ("model_runner", st["runner"]), ("rank", 0), ("local_rank", 0)):
-                try:
-                    setattr(gw, a, v)
-                except Exception:
-                    pass
-            wd = GpuWorker.get_kv_connector_handshake_metadata(gw)
-            if wd:
-                content.update(wd)
-            if content:
-                if hasattr(sched, "set_xfer_handshake_metadata_pp_aware"):
-                    sched.set_xfer_handshake_metadata_pp_aware(content)
-                else:
-                    sched.set_xfer_handshake_metadata(content)
+            if st["tp"] == 1:
+                # engine core: worker handshake metadata -> scheduler connector side channel
+                _serve_handshake(st, _worker_handshake_metadata(st))
+            else:
+                # TP N: the engine core gathers every rank's metadata (the parent does that
+                # here) and rank 0's process serves the merged dict ("serve" below)
+                # pickled here, so that the parent never has to import vLLM to pass it on
+                import pickle
+                info["handshake"] = {k: pickle.dumps(v) for k, v in
+                                     (_worker_handshake_metadata(st) or {}).items()}
             info["reference"] = {n: ref[n].view(torch.int16).numpy().tobytes() for n in st["names"]}
             info["ref_shape"] = list(ref[st["names"][0]].shape)
             res_q.put(("ready", info))
@@ -624,6 +675,10 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                         s, r = _tick(st, md)
                         done_sending |= set(s or ())
                         res_q.put(("send_ack", req))
+                    elif cmd[0] == "serve":
+                        import pickle
+                        _serve_handshake(st, {k: pickle.loads(v) for k, v in cmd[1].items()})
+                        res_q.put(("serving", sorted(map(str, cmd[1]))))
                     elif cmd[0] == "status":
                         res_q.put(("status", sorted(done_sending), logs.errors()[-20:]))
                     continue
@@ -650,7 +705,8 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                 params = dict(remote_block_ids=_block_ids_arg(st, remote_ids),
                               remote_engine_id=p_info["engine_id"], remote_request_id=req,
                               remote_host="127.0.0.1", remote_port=p_info["port"],
-                              tp_size=1, do_remote_prefill=True, do_remote_decode=False)
+                              tp_size=p_info.get("tp_size", 1), do_remote_prefill=True,
+                              do_remote_decode=False)
                 lids = _block_ids_arg(st, local_ids)
                 if hasattr(md, "add_new_req_to_recv"):
                     md.add_new_req_to_recv(req, lids, params)
@@ -674,6 +730,14 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                     res["invalid_block_ids"] = f"n/a {e!r}"
                 res["xfer_calls"] = calls[n_calls0:]
                 res["errors"] = logs.errors()[err0:][-10:]
+                if getattr(args, "plant_fault", None) == "corrupt" and \
+                        st["tp_rank"] == st["tp"] - 1 and local_ids:
+                    # planted fault (harness self-test): one element of one received block
+                    # is changed after the transfer; the parent's comparison must catch it
+                    t = st["kv_caches"][st["names"][0]]
+                    idx = [0] * t.dim()
+                    idx[_block_dim(t.shape, st["tensor_blocks"])] = local_ids[0] * st["kernel_ratio"]
+                    t[tuple(idx)] += 1.0
                 res["layers"] = {n: st["kv_caches"][n].contiguous().view(torch.int16)
                                  .numpy().tobytes() for n in st["names"]}
                 res_q.put(("recv", res))
@@ -707,19 +771,28 @@ def _expect(q, kinds, timeout, what):
     raise TimeoutError(f"{what}: no {kinds} within {timeout}s")
 
 
-def _verify(p_info, d_layers, expected_owner):
+def _verify(p_info, d_layers, expected_owner, d_shape=None, d_rank=0, d_tp=1):
     """Compare D's per-layer views against P's reference, kernel block by kernel block
-    (expected_owner maps D's logical block ids to P's)."""
+    (expected_owner maps D's logical block ids to P's). p_info's reference holds every KV
+    head of the model (at P TP N: the ranks' slices joined by the parent); D rank d_rank of
+    d_tp must hold exactly its heads' slice of each block."""
     import numpy as np
     shape = tuple(p_info["ref_shape"])
+    d_shape = tuple(d_shape or shape)
     nblocks = p_info.get("tensor_blocks", NUM_BLOCKS)
     k = p_info.get("kernel_ratio", 1)
     bd = _block_dim(shape, nblocks)
+    heads = None
+    if d_tp > 1 or d_shape != shape:
+        hd = _head_dim(shape, NUM_KV_HEADS)
+        per = NUM_KV_HEADS // d_tp
+        assert d_shape[hd] == per and bd != hd, (d_shape, shape)
+        heads = (hd - (1 if hd > bd else 0), d_rank * per, per)  # head dim after np.take
     owner = {lb * k + j: rb * k + j for lb, rb in expected_owner.items() for j in range(k)}
     bad = []
     for n, dbytes in d_layers.items():
         ref = np.frombuffer(p_info["reference"][n], dtype=np.int16).reshape(shape)
-        got = np.frombuffer(dbytes, dtype=np.int16).reshape(shape)
+        got = np.frombuffer(dbytes, dtype=np.int16).reshape(d_shape)
         for b in range(nblocks):
             g = np.take(got, b, axis=bd)
             src = owner.get(b)
@@ -727,12 +800,35 @@ def _verify(p_info, d_layers, expected_owner):
                 if np.any(g != 0):
                     bad.append(f"{n} local block {b} should be untouched (zero)")
             else:
-                if not np.array_equal(g, np.take(ref, src, axis=bd)):
-                    bad.append(f"{n} local block {b} != remote block {src}")
+                want = np.take(ref, src, axis=bd)
+                if heads is not None:
+                    want = np.take(want, range(heads[1], heads[1] + heads[2]), axis=heads[0])
+                if not np.array_equal(g, want):
+                    bad.append(f"{n} local block {b} != remote block {src}"
+                               + (f" (D rank {d_rank}: heads {heads[1]}..{heads[1] + heads[2] - 1})"
+                                  if heads is not None else ""))
     return bad
 
 
+def _join_reference(p_infos):
+    """The whole model's reference from P's ranks: each holds its heads' slice."""
+    import numpy as np
+    if len(p_infos) == 1:
+        return p_infos[0]
+    first = p_infos[0]
+    shape = list(first["ref_shape"])
+    hd = _head_dim(shape, NUM_KV_HEADS // len(p_infos))
+    joined = {}
+    for n in first["reference"]:
+        parts = [np.frombuffer(pi["reference"][n], dtype=np.int16).reshape(pi["ref_shape"])
+                 for pi in p_infos]
+        joined[n] = np.concatenate(parts, axis=hd).tobytes()
+    shape[hd] = NUM_KV_HEADS
+    return dict(first, reference=joined, ref_shape=shape)
+
+
 def main():
+    global NUM_KV_HEADS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--case", action="append", choices=CASE_ORDER,
@@ -757,9 +853,20 @@ def main():
                     help="allocate N blocks more than the scheduler's budget (virtual capacity)")
     ap.add_argument("--kv-buffer-device", default=None,
                     help="kv_buffer_device on both sides (default cuda; cpu = NIXL host-buffer mode)")
+    ap.add_argument("--p-tp", type=int, default=1, metavar="N",
+                    help="tensor-parallel size of P: N worker ranks, one process each (gloo group)")
+    ap.add_argument("--d-tp", type=int, default=1, metavar="N", help="tensor-parallel size of D")
+    ap.add_argument("--kv-heads", type=int, default=NUM_KV_HEADS,
+                    help="KV heads of the model (default %d; each TP rank holds KV heads / TP)"
+                    % NUM_KV_HEADS)
+    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks"), default=None,
+                    help="harness self-test, the run must fail: 'corrupt' changes one received "
+                         "element on D's last rank; 'swap-d-ranks' starts D's ranks in reverse "
+                         "order while the parent checks them as if they were in order")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     args = ap.parse_args()
+    NUM_KV_HEADS = args.kv_heads
     t_start = time.time()
     cases = list(args.case or CASE_ORDER)
     if args.over_allocate >= 3:
@@ -787,15 +894,24 @@ def main():
     ctx = mp.get_context("spawn")
     tmpdir = tempfile.mkdtemp(prefix="pdh-")
     _write_model_dir(os.path.join(tmpdir, "tinyllama"))
-    q_p, q_d, res_p, res_d = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    # one process per TP rank and side (P rank i: q_p[i], res_p[i]); TP 1: one P, one D
+    q_p = [ctx.Queue() for _ in range(args.p_tp)]
+    res_p = [ctx.Queue() for _ in range(args.p_tp)]
+    q_d = [ctx.Queue() for _ in range(args.d_tp)]
+    res_d = [ctx.Queue() for _ in range(args.d_tp)]
     procs = []
+    tp_run = args.p_tp > 1 or args.d_tp > 1
+    if tp_run:
+        result["tp"] = {"p": args.p_tp, "d": args.d_tp}
+        if args.plant_fault:
+            result["planted_fault"] = args.plant_fault
 
-    def start(role, q, r, env):
+    def start(role, q, r, env, rank=0):
         saved = dict(os.environ)
         os.environ.update(env)  # so that interpreter-startup hooks (.pth) see it too
         try:
-            p = ctx.Process(target=child_main, args=(role, vars(args), tmpdir, q, r, env),
-                            daemon=True)
+            p = ctx.Process(target=child_main, args=(role, dict(vars(args), tp_rank=rank), tmpdir,
+                                                     q, r, env), daemon=True)
             p.start()
         finally:
             os.environ.clear()
@@ -803,15 +919,38 @@ def main():
         procs.append(p)
         return p
 
+    def expect_all(queues, kinds, timeout, what):
+        return [_expect(q, kinds, timeout, what + (f" (rank {i})" if len(queues) > 1 else ""))[1]
+                for i, q in enumerate(queues)]
+
     try:
-        start("p", q_p, res_p, env_p)
-        start("d", q_d, res_d, env_d)
-        _, p_info = _expect(res_p, ("ready",), 180, "P setup")
-        _, d_info = _expect(res_d, ("ready",), 180, "D setup")
+        for i in range(args.p_tp):
+            start("p", q_p[i], res_p[i], env_p, i)
+        for i in range(args.d_tp):
+            # swap-d-ranks (planted fault): the process the parent checks as rank i is rank N-1-i
+            start("d", q_d[i], res_d[i], env_d,
+                  args.d_tp - 1 - i if args.plant_fault == "swap-d-ranks" else i)
+        p_infos = expect_all(res_p, ("ready",), 180 + 60 * (args.p_tp - 1), "P setup")
+        d_infos = expect_all(res_d, ("ready",), 180 + 60 * (args.d_tp - 1), "D setup")
+        if args.p_tp > 1:
+            # the engine core merges the workers' {(pp, tp) rank: metadata} dicts and its
+            # scheduler-side connector serves them (P rank 0's process plays that part)
+            merged = {}
+            for info in p_infos:
+                merged.update(info.pop("handshake", None) or {})
+            q_p[0].put(("serve", merged))
+            _expect(res_p[0], ("serving",), args.timeout, "P handshake listener")
+        p_info, d_info = p_infos[0], d_infos[0]
         p_info["engine_id"] = "p-engine"
         p_info["port"] = args.p_port
+        p_info["tp_size"] = args.p_tp
         for side, info in (("p", p_info), ("d", d_info)):
-            result[side] = {k: v for k, v in info.items() if k not in ("reference",)}
+            result[side] = {k: v for k, v in info.items() if k not in ("reference", "handshake")}
+        if tp_run:
+            for side, infos in (("p_ranks", p_infos), ("d_ranks", d_infos)):
+                result[side] = [{k: info.get(k) for k in ("tp_rank", "cross_layer", "layer_view_shape",
+                                                          "cross_layer_shape", "xlkv_log")}
+                                | {"worker": info["worker"]} for info in infos]
         w = d_info["worker"]
         result.update(vllm=d_info["vllm"], platform=d_info["platform"],
                       backend=d_info["backend"], kv_layout=d_info.get("kv_layout"),
@@ -827,6 +966,8 @@ def main():
         result["block_len"] = bl
         result["p_d_layout_match"] = (p_info["worker"].get("num_regions") == w.get("num_regions")
                                       and p_info.get("cross_layer") == d_info.get("cross_layer"))
+        # the whole model's reference (P TP N: the ranks' head slices joined)
+        p_ref = _join_reference(p_infos) if args.p_tp > 1 else p_info
 
         expected_owner = {}
         all_ok = True
@@ -835,40 +976,63 @@ def main():
                 req = f"req-{cname}-{suffix}"
                 c = {"num_tokens": ntok}
                 try:
-                    q_p.put(("send", req))
-                    _expect(res_p, ("send_ack",), args.timeout, "P send registration")
-                    pmsg = {k: p_info[k] for k in ("engine_id", "port")}
-                    q_d.put(("recv", req, remote, local, pmsg))
-                    _, r = _expect(res_d, ("recv",), args.timeout + 15, f"D recv {req}")
-                    layers = r.pop("layers")
+                    for q in q_p:
+                        q.put(("send", req))
+                    expect_all(res_p, ("send_ack",), args.timeout, "P send registration")
+                    pmsg = {k: p_info[k] for k in ("engine_id", "port", "tp_size")}
+                    for q in q_d:
+                        q.put(("recv", req, remote, local, pmsg))
+                    rs = expect_all(res_d, ("recv",), args.timeout + 15, f"D recv {req}")
+                    layers = [r.pop("layers") for r in rs]
+                    r = rs[0]
                     c.update(r)
-                    ok_recv = r["recv_done"] and not r["invalid_block_ids"] \
-                        if isinstance(r["invalid_block_ids"], list) else r["recv_done"]
+                    if len(rs) > 1:
+                        c["errors"] = [e for x in rs for e in x.get("errors") or []]
+                    ok_recv = True
+                    for x in rs:
+                        ok_recv &= bool(x["recv_done"] and not x["invalid_block_ids"]
+                                        if isinstance(x["invalid_block_ids"], list) else x["recv_done"])
                     if ok_recv:
                         for lb, rb in zip(local, remote):
                             expected_owner[lb] = rb
-                    # wait for P to see the completion notification
+                    # wait for P (every rank) to see the completion notification(s)
                     sent = False
                     end = time.time() + (10 if ok_recv else 2)
-                    while time.time() < end:
-                        try:
-                            m = res_p.get(timeout=0.2)
-                        except queue_mod.Empty:
-                            continue
-                        if m[0] == "sent" and m[1] == req:
-                            sent = True
-                            break
-                        if m[0] == "fatal":
-                            raise RuntimeError(m[1]["error"])
+                    waiting = set(range(args.p_tp))
+                    while time.time() < end and waiting:
+                        for i in sorted(waiting):
+                            try:
+                                m = res_p[i].get(timeout=0.2)
+                            except queue_mod.Empty:
+                                continue
+                            if m[0] == "sent" and m[1] == req:
+                                waiting.discard(i)
+                            if m[0] == "fatal":
+                                raise RuntimeError(m[1]["error"])
+                    sent = not waiting
                     c["p_done_sending"] = sent
                     if r.get("xfer_calls"):
                         nblk = len(remote)
                         c["xfer_descs"] = sum(r["xfer_calls"])
                         c["xfer_descs_per_block"] = sum(r["xfer_calls"]) / nblk
-                    try:
-                        bad = _verify(p_info, layers, expected_owner)
-                    except Exception as e:
-                        bad = [f"verify failed: {type(e).__name__}: {e}"]
+                    bad = []
+                    for i, (x, lay) in enumerate(zip(rs, layers)):
+                        try:
+                            if tp_run:
+                                bad_i = _verify(p_ref, lay, expected_owner,
+                                                d_shape=d_infos[i]["layer_view_shape"], d_rank=i,
+                                                d_tp=args.d_tp)
+                            else:
+                                bad_i = _verify(p_info, lay, expected_owner)
+                        except Exception as e:
+                            bad_i = [f"verify failed: {type(e).__name__}: {e}"]
+                        bad.extend(bad_i)
+                        if len(rs) > 1:
+                            c.setdefault("ranks", []).append({
+                                "recv_done": x["recv_done"], "invalid_block_ids": x["invalid_block_ids"],
+                                "xfer_descs_per_block": (sum(x["xfer_calls"]) / len(remote)
+                                                         if x.get("xfer_calls") else None),
+                                "bytes_ok": not bad_i, "num_mismatches": len(bad_i)})
                     c["bytes_ok"] = not bad
                     c["mismatches"] = bad[:10]
                     c["num_mismatches"] = len(bad)
@@ -890,8 +1054,8 @@ def main():
                     result["errors"].extend(f"{cname}: {r}"[:2000] for r in reasons)
                 result["cases"][cname] = c
                 all_ok &= c["ok"]
-        q_d.put(("stop",))
-        q_p.put(("stop",))
+        for q in q_d + q_p:
+            q.put(("stop",))
         result["timing_s"] = round(time.time() - t_start, 2)
     except Exception as e:
         result["errors"].append(f"{type(e).__name__}: {e}"[:6000])

@@ -17,7 +17,9 @@ vLLM package swapped inside it), the shim is installed into that environment (ed
    16-token kernel block under 32-token KV blocks (must transfer exactly: cross-layer up to
    0.28, the stock layout with a WARNING from 0.29); tensors with 10 blocks more than the
    budget (must transfer exactly, blocks beyond the budget included, up to 0.28; refused
-   with the cause from 0.29),
+   with the cause from 0.29); prefill TP 1 -> decode TP 2 (two decode ranks: allowed and
+   exact, one descriptor per block, on 0.12-0.22 and 0.26-0.28; refused at handshake with
+   the cause on 0.23-0.25 and 0.29+),
 
 and one row is written (rows of other releases already in --out are kept):
 ``{vllm, mechanism, status: pass|fail|unsupported, descriptors_per_block_stock,
@@ -141,8 +143,29 @@ def _safety_over(release, py, logs):
     return d, ok, "over-allocated tensors: %s" % ("exact, blocks beyond the budget included" if ok else "FAILED")
 
 
+def hetero_tp_allowed(release):
+    """Where xlkv lets prefill TP 1 -> decode TP 2 through (FLASH_ATTN cross-layer blocks keep
+    heads outermost); refused with the cause on 0.23-0.25 and 0.29+."""
+    v = _rel(release)
+    return (0, 12) <= v < (0, 23) or (0, 26) <= v < (0, 29)
+
+
+def _safety_hetero_tp(release, py, logs):
+    d = harness(py, logs, "hetero-tp", ["--d-tp", "2"], env={"ENABLE_XLKV": "true"})
+    cases = (d.get("cases") or {}).values()
+    if hetero_tp_allowed(release):
+        ok = bool(d.get("transfer_verified")) and d.get("descs_per_block") == 1 and cases and all(
+            [x.get("xfer_descs_per_block") for x in c.get("ranks") or []] == [1, 1] for c in cases)
+        return d, ok, "prefill TP 1 -> decode TP 2: %s" % (
+            "allowed, each decode rank exact, 1 descriptor per block" if ok else "FAILED")
+    ok = not d.get("transfer_verified") and "heterogeneous TP" in _text(d) and \
+        "NIXL handshake refused: prefill TP 1, decode TP 2" in _text(d)
+    return d, ok, "prefill TP 1 -> decode TP 2: %s" % ("refused with the cause" if ok else "NOT refused")
+
+
 SAFETY = (("multiconnector", _safety_multi), ("multiconnector_mixed", _safety_multi_mixed),
-          ("kernel_block", _safety_kernel), ("over_allocated", _safety_over))
+          ("kernel_block", _safety_kernel), ("over_allocated", _safety_over),
+          ("hetero_tp", _safety_hetero_tp))
 
 
 def run_release(release, logs):
@@ -202,6 +225,10 @@ def run_release(release, logs):
         row["details"][name]["as_expected"] = ok
         row["details"][name]["note"] = note
         (safety_notes if ok else safety_problems).append(note)
+        if name == "hetero_tp":  # its own row field: the rule this release must follow
+            row["hetero_tp_1to2"] = {"expected": "allowed" if hetero_tp_allowed(release) else "refused",
+                                     "transfer_verified": bool(d.get("transfer_verified")),
+                                     "descs_per_block": d.get("descs_per_block"), "as_expected": ok}
     row["details"]["safety_cases_passed"] = "%d/%d" % (len(safety_notes), len(SAFETY))
     s, x = row["descriptors_per_block_stock"], row["descriptors_per_block_xlkv"]
     problems = []

@@ -1,0 +1,125 @@
+"""Heterogeneous tensor parallelism, real vLLM + real NIXL on CPU: the harness runs a side at
+TP 2 (two worker ranks in a gloo group, one NIXL agent each; the model's 2 KV heads give each
+decode rank one head), and the parent checks that every decode rank received exactly its
+heads' slice of every layer and block.
+
+The rule under test (README "How it works", xlkv_autopatch/patches/handshake.py), ENABLE_XLKV
+on both sides, FLASH_ATTN: prefill TP 1 -> decode TP 2 is allowed where a cross-layer block
+keeps heads outermost (0.12-0.22 and 0.26-0.28) and must then arrive byte for byte with one
+descriptor per block; it is refused at handshake, naming heterogeneous TP, on 0.23-0.25 and
+0.29+. Stock vLLM (flag off) at TP 1 -> 2 is the control; TP 2 -> 2 with the shim is
+homogeneous and must transfer exactly."""
+
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, run_in
+
+HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
+XLKV = {"ENABLE_XLKV": "true"}
+
+
+def harness(python, tmp_path, name, *args, env=None):
+    out = tmp_path / ("%s.json" % name)
+    r = run_in(python, [HARNESS, "--out", str(out), "--timeout", "60"] + list(args), env=env, timeout=900)
+    assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    data["_log"] = r.stdout + r.stderr
+    return data
+
+
+def _release(vllm_env):
+    return tuple(int(x) for x in vllm_env[0].split(".")[:2])
+
+
+def hetero_tp_allowed(release):
+    """Where xlkv lets prefill TP 1 -> decode TP 2 through with FLASH_ATTN cross-layer blocks."""
+    return (0, 12) <= release < (0, 23) or (0, 26) <= release < (0, 29)
+
+
+@pytest.fixture(scope="module")
+def stock_1to2(vllm_env, tmp_path_factory):
+    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "stock_1to2", "--d-tp", "2")
+
+
+@pytest.fixture(scope="module")
+def xlkv_1to2(vllm_env, tmp_path_factory):
+    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "xlkv_1to2", "--d-tp", "2", env=XLKV)
+
+
+def _heads(shape):
+    # per-layer views: [..., tokens, heads, 64] up to 0.25, [blocks, heads, tokens, 128] from 0.26
+    return shape[-2] if shape[-1] == 64 else shape[-3]
+
+
+def _assert_exact(r, p_tp, d_tp, kv_heads=2):
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    assert r["tp"] == {"p": p_tp, "d": d_tp}
+    assert [x["tp_rank"] for x in r["d_ranks"]] == list(range(d_tp))
+    assert [x["tp_rank"] for x in r["p_ranks"]] == list(range(p_tp))
+    # each rank holds its share of the model's KV heads
+    for x in r["d_ranks"]:
+        assert _heads(x["layer_view_shape"]) == kv_heads // d_tp, x
+    for x in r["p_ranks"]:
+        assert _heads(x["layer_view_shape"]) == kv_heads // p_tp, x
+    assert set(r["cases"]) == {"noncontig", "partial", "reuse"}
+    for name, case in r["cases"].items():
+        assert case["ok"] and case["bytes_ok"] and case["p_done_sending"], (name, case)
+        assert len(case["ranks"]) == d_tp, (name, case)
+        for rank in case["ranks"]:
+            assert rank["recv_done"] and rank["bytes_ok"] and rank["invalid_block_ids"] == [], (name, case)
+
+
+def test_stock_tp1_to_tp2_transfers_each_rank_its_heads(vllm_env, stock_1to2):
+    # the control: stock vLLM splits each prefill block by heads between the two decode ranks
+    _assert_exact(stock_1to2, 1, 2)
+    assert stock_1to2["cross_layer"] is False
+    assert all(x["cross_layer"] is False for x in stock_1to2["d_ranks"])
+    assert "xlkv_autopatch" not in stock_1to2["_log"]
+
+
+def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
+    r = xlkv_1to2
+    if hetero_tp_allowed(_release(vllm_env)):
+        _assert_exact(r, 1, 2)
+        assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+        assert r["descs_per_block"] == 1
+        for name, case in r["cases"].items():
+            # every decode rank reads its heads' slice of a block with one descriptor
+            assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+        return
+    # refused at handshake, before any byte moves, with xlkv's cause
+    assert r["transfer_verified"] is False
+    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
+    assert "xlkv_autopatch: NIXL handshake refused: prefill TP 1, decode TP 2" in text, text[-3000:]
+    assert "heterogeneous TP" in text, text[-3000:]
+    for case in r["cases"].values():
+        assert not case["ok"] and not case.get("xfer_descs"), case
+
+
+def test_xlkv_tp2_to_tp2_is_cross_layer_and_exact(vllm_env, tmp_path):
+    # 4 KV heads, 2 per rank. (At 1 KV head per rank vLLM 0.29+ registers each layer's page of
+    # a block-outermost row as its own region, because that page is then contiguous: exact,
+    # but one descriptor per layer.)
+    r = harness(vllm_env[1], tmp_path, "xlkv_2to2", "--p-tp", "2", "--d-tp", "2", "--kv-heads", "4",
+                env=XLKV)
+    _assert_exact(r, 2, 2, kv_heads=4)
+    assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    assert r["descs_per_block"] == 1
+    for name, case in r["cases"].items():
+        assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+
+
+def test_the_per_rank_comparison_catches_a_rank_holding_other_heads(vllm_env, tmp_path):
+    # planted fault: decode's ranks start in reverse order while the parent checks them as if
+    # in order, so each process's (correctly transferred) head is compared with the other head
+    r = harness(vllm_env[1], tmp_path, "swapped", "--d-tp", "2", "--case", "noncontig",
+                "--plant-fault", "swap-d-ranks")
+    assert [x["tp_rank"] for x in r["d_ranks"]] == [1, 0]
+    case = r["cases"]["noncontig"]
+    assert all(x["recv_done"] for x in case["ranks"]), case  # the transfer itself completed
+    assert r["transfer_verified"] is False and case["bytes_ok"] is False
+    assert all(x["num_mismatches"] > 0 for x in case["ranks"]), case
+    assert "(D rank 0: heads 0..0)" in json.dumps(case["mismatches"]), case["mismatches"]
