@@ -38,3 +38,18 @@ def test_model_config_shape(tmp_path):
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["vocab_size"] == 32000
     assert pdtools.model_block_bytes(str(tmp_path)) == 16 * 2 * 2 * 8 * 128 * 2
     assert (tmp_path / ".complete").exists()
+
+
+@pytest.mark.slow
+def test_varied_init_gives_outputs_that_depend_on_the_prompt():
+    """The real 28-layer shape on CPU: with --init varied greedy outputs vary (>= 8 distinct ids
+    in 16) and change with the context; transformers' own init repeats a few ids (the reason
+    for --init varied: an equivalence check over such outputs could hardly fail)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import model_check
+
+    varied = model_check.check(layers=28, init="varied", lengths=(17,), new_tokens=16, fp32=False)["prompts"]["17"]
+    assert varied["distinct"] >= 8 and varied["context"] >= 8, varied
+    hf = model_check.check(layers=28, init="hf", lengths=(17,), new_tokens=16, fp32=False)["prompts"]["17"]
+    assert hf["distinct"] < 8, hf
