@@ -98,6 +98,11 @@ case "$NC_CORRUPTION" in shift|swap-layers) ;;
 esac
 nc_configs=()
 for c in ${EQ_NEGATIVE_CONTROL//,/ }; do nc_configs+=("nc-$c"); done
+for n in ${EQ_NC_LENGTHS//,/ }; do
+  case ",${EQ_LENGTHS// /,}," in *",$n,"*) ;;
+    *) die "$EXIT_SETUP" "EQ_NC_LENGTHS: $n is not in EQ_LENGTHS ($EQ_LENGTHS): a control needs the baseline's answer" ;;
+  esac
+done
 
 # Order: each negative control right after its own config (it keeps that config's P).
 ordered=()

@@ -324,14 +324,17 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
         cfg = l.split(":", 1)[-1]
         ref = "pd:" + cfg[len(NEGATIVE_PREFIX):]
         nc_lens = {r["prompt_len"] for r in runs[l]}
-        ids_differ = bool(compare_runs([r for r in base if r["prompt_len"] in nc_lens], runs[l]))
+        base_sub = [r for r in base if r["prompt_len"] in nc_lens]
+        comparable = len(base_sub) == len(runs[l]) > 0  # every control prompt has a baseline answer
+        ids_differ = comparable and bool(compare_runs(base_sub, runs[l]))
         d = lp[l]["max"]
         # what the same config without the corruption shows against the baseline (0 under
         # deterministic kernels); the control is detected when it goes beyond that
         allowed = 0.0 if batch_invariant else (lp.get(ref, {}).get("max") or 0.0) + logprob_tol
-        lp_detected = d is not None and d > allowed
+        lp_detected = comparable and d is not None and d > allowed
         negative.append({"config": cfg, "corruption": corruption, "label": l, "compared_with": base_label,
                          "ids_differ": ids_differ, "max_logprob_diff": d, "logprob_allowed": allowed,
+                         "comparable": comparable,
                          "detected": bool(ids_differ or lp_detected)})
     nc_ok = all(n["detected"] for n in negative)
 

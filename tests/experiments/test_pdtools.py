@@ -500,6 +500,11 @@ def test_negative_controls_must_be_detected_and_do_not_count_as_mismatches():
     s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert not s["pass"] and s["negative_control_pass"] is False
     assert "NOT DETECTED" in pdtools.render_equivalence(s)
+    # a control over prompts the baseline lacks proves nothing (not "detected" by a count mismatch)
+    runs["pd:nc-shim"] = _run([77], shift=3)
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    nc = {n["config"]: n for n in s["negative_control"]}
+    assert nc["nc-shim"]["comparable"] is False and nc["nc-shim"]["detected"] is False and not s["pass"]
     # default kernels: detected only beyond what the same config shows without the corruption
     runs = dict(base, **{"pd:stock": _run(lens, lp_shift=0.25), "pd:nc-stock": _run(lens, lp_shift=0.125)})
     s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
