@@ -446,8 +446,27 @@ def test_logprobs_must_be_identical_under_deterministic_kernels():
     s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert not s["pass"] and s["logprob_pass"] is False and not s["equivalence_pass"]
     assert s["configs"]["shim"]["max_logprob_diff"] == pytest.approx(2 ** -10)
-    assert any(p.startswith("pd:shim") for p in s["logprob_problems"])
+    assert any(p.startswith("pd:shim vs local:shim") for p in s["logprob_problems"])
     assert "LOGPROBS pd:shim" in pdtools.render_equivalence(s)
+
+
+def test_a_configs_own_logprob_difference_is_recorded_not_blamed_on_the_transfer():
+    """0.26.0 on an H200: the shim's servers run Model Runner V1 (stock: V2), so local:shim and
+    pd:shim both differ from local:stock by 1 ulp (9.54e-07) with identical ids.  The transfer
+    check is pd:shim vs local:shim, which is exact; the config's own difference is recorded."""
+    lens = [5, 100]
+    ulp = 2 ** -20
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens),
+            "local:shim": _run(lens, lp_shift=ulp), "pd:shim": _run(lens, lp_shift=ulp)}
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    assert s["pass"] and s["logprob_pass"] is True, s["logprob_problems"]
+    shim = s["configs"]["shim"]
+    assert shim["max_logprob_diff_pd_vs_local"] == 0.0
+    assert shim["max_logprob_diff_local"] == pytest.approx(ulp) and shim["max_logprob_diff"] == pytest.approx(ulp)
+    assert "logprobs pd:shim vs local:shim: max |d| 0" in pdtools.render_equivalence(s)
+    runs["pd:shim"] = _run(lens, lp_shift=2 * ulp)  # the transfer adds a difference of its own
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    assert s["logprob_pass"] is False and s["configs"]["shim"]["max_logprob_diff_pd_vs_local"] == pytest.approx(ulp)
 
 
 def test_default_kernels_shim_may_not_be_worse_than_stock():
