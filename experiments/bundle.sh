@@ -12,7 +12,7 @@
 #                                    zstandard wheel and MANIFEST into /tmp/stage/<DIR>/
 #   bundle.sh setup DIR              GPU machine, after the last chunk: check every chunk
 #                                    against MANIFEST, unpack into $SITE (/tmp/site), then try
-#                                    `import torch` and `import vllm._C` (the ImportError names
+#                                    `import torch` and `import vllm._C` (or vllm._C_stable_libtorch) (the ImportError names
 #                                    a missing library) and print versions
 #   bundle.sh check                  is a vLLM in $SITE importable? (prints versions)
 #
@@ -252,7 +252,14 @@ def torch_line():
         raise ImportError(f"torch {torch.__version__} from {torch.__file__}, but the bundle carries {want_torch}")
     return line
 step("import torch", torch_line)
-step("import vllm._C", lambda: f"ok ({importlib.import_module('vllm._C').__file__})")
+def vllm_ext():
+    # vLLM's main extension: vllm._C up to 0.2x, vllm._C_stable_libtorch in later releases
+    import importlib.util
+    for name in ("vllm._C", "vllm._C_stable_libtorch"):
+        if importlib.util.find_spec(name) is not None:
+            return f"{name} ok ({importlib.import_module(name).__file__})"
+    raise ImportError("neither vllm._C nor vllm._C_stable_libtorch is in the bundle")
+step("import vLLM's extension", vllm_ext)
 def versions():
     out = [f"vllm {m.version('vllm')}"]
     import torch

@@ -135,7 +135,7 @@ def test_stage_setup_check_puts_site_torch_ahead_of_the_image(tmp_path):
     assert (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").stat().st_size == 5 * CHUNK + 123
     assert "the bundle carries torch 9.9.0: torch==9.9.0 nvidia-nccl-cu13==2.30.7" in out
     assert f"import torch: 9.9.0+cu130 cuda_available=False from {site}/torch/__init__.py" in out
-    assert "import vllm._C: ok" in out
+    assert "import vLLM's extension: vllm._C ok" in out
     assert "vllm 0.99.0, torch 9.9.0+cu130" in out and "nccl 2.30.7" in out
     # a second setup finds the release unpacked; check prints the same versions
     p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path, env_extra={"PYTHONPATH": str(image)})
@@ -164,7 +164,7 @@ def test_setup_names_the_missing_library_of_vllm_C(tmp_path):
     stage_one_per_call(tmp_path, checkout)
     p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path, check=False)
     assert p.returncode != 0
-    assert f"import vllm._C: FAILED ImportError: {msg}" in p.stdout
+    assert f"import vLLM's extension: FAILED ImportError: {msg}" in p.stdout
     assert "import torch: 9.9.0+cu130" in p.stdout
 
 
