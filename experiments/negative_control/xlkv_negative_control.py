@@ -78,8 +78,10 @@ def _tensors(worker):
     caches = getattr(worker, "device_kv_caches", None) or getattr(worker, "kv_caches", None) or {}
     out = []
     for name, t in caches.items():
-        if hasattr(t, "shape") and hasattr(t, "select"):
-            out.append((name, t))
+        # a tensor, or a list of them (K and V apart; 0.12-0.15 with the shim: [cross-layer view])
+        for i, x in enumerate(t if isinstance(t, list) else [t]):
+            if hasattr(x, "shape") and hasattr(x, "select"):
+                out.append((name if i == 0 else "%s[%d]" % (name, i), x))
     return out
 
 
@@ -149,12 +151,30 @@ def corrupt(worker, block, how):
             t1.select(b1, block).copy_(a)
             return "block %d: layers %s and %s swapped" % (block, n0, n1)
         name, t = distinct[0]  # one cross-layer tensor: find its layer dimension
-        bd = _block_dim(t, sizes)
         nl = _num_layers(worker)
-        row = t.select(bd, block)
-        ld = next((d for d, s in enumerate(row.shape) if s == nl), None) if nl else None
-        if ld is None:
-            raise RuntimeError("cross-layer tensor %s %s: no layer dimension of size %s" % (name, tuple(t.shape), nl))
+        # the registered tensor may be a flat view (the shim on 0.12-0.15 registers
+        # (blocks, block, 1, rest)); the runner's tensor it views still has the layer dimension
+        for cand in (t, getattr(t, "_base", None)):
+            if cand is None:
+                continue
+            bd = _block_dim(cand, sizes)
+            if bd is None:
+                continue
+            row = cand.select(bd, block)
+            ld = next((d for d, s in enumerate(row.shape) if s == nl), None) if nl else None
+            if ld is not None:
+                t = cand
+                break
+        else:
+            # a flat row (0.12-0.15 with the shim: the tensor it views is a raw buffer): vLLM's
+            # uniform cross-layer allocation puts K/V outermost within a block, then the layers
+            # (as the 0.16+ tensors show); the CPU harness checks this per layer
+            bd = _block_dim(t, sizes)
+            row = t.select(bd, block)
+            if not (nl and row.is_contiguous() and row.numel() % (2 * nl) == 0):
+                raise RuntimeError("cross-layer tensor %s %s: no layer dimension of size %s" % (name, tuple(t.shape), nl))
+            row = row.reshape(2, nl, -1)
+            ld = 1
         a = row.select(ld, 0).clone()
         row.select(ld, 0).copy_(row.select(ld, 1))
         row.select(ld, 1).copy_(a)
