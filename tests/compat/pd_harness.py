@@ -254,7 +254,7 @@ def _setup(role, args, tmpdir):
     # --kernel-block-size K: the attention backend supports only K-token kernel blocks, so
     # the release's own prepare_kernel_block_sizes splits each logical block (harness-only
     # override of the backend's capability, like the platform above)
-    kernel_bs = getattr(args, "kernel_block_size", None)
+    kernel_bs = getattr(args, f"{role}_kernel_block_size", None) or getattr(args, "kernel_block_size", None)
     if kernel_bs:
         backend.get_supported_kernel_block_sizes = staticmethod(lambda *a, **k: [kernel_bs])
 
@@ -849,6 +849,9 @@ def main():
     ap.add_argument("--kernel-block-size", type=int, default=None,
                     help="kernel block size the attention backend supports (< the block size: each "
                          "logical block is split into several kernel blocks)")
+    ap.add_argument("--p-kernel-block-size", type=int, default=None,
+                    help="--kernel-block-size on P only (a different attention kernel block on one side)")
+    ap.add_argument("--d-kernel-block-size", type=int, default=None, help="--kernel-block-size on D only")
     ap.add_argument("--over-allocate", type=int, default=0, metavar="N",
                     help="allocate N blocks more than the scheduler's budget (virtual capacity)")
     ap.add_argument("--kv-buffer-device", default=None,

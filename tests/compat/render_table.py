@@ -12,18 +12,21 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MATRIX = os.path.join(ROOT, "experiments", "results", "compat-matrix.json")
+GPU = os.path.join(ROOT, "experiments", "results", "gpu-proven.json")
 README = os.path.join(ROOT, "README.md")
 START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 
 
-def table(matrix):
-    lines = ["| vLLM | mechanism | status | descriptors per block, stock → xlkv | transfer verified | notes |",
-             "|---|---|---|---|---|---|"]
+def table(matrix, gpu=None):
+    gpu = gpu or {}
+    lines = ["| vLLM | mechanism | status | descriptors per block, stock → xlkv | transfer verified | GPU | notes |",
+             "|---|---|---|---|---|---|---|"]
     for r in matrix["rows"]:
         s, x = r.get("descriptors_per_block_stock"), r.get("descriptors_per_block_xlkv")
         desc = "%s → %s" % (s, x) if s is not None or x is not None else "—"
-        lines.append("| %s | %s | %s | %s | %s | %s |" % (
-            r["vllm"], r["mechanism"], r["status"], desc, "yes" if r.get("transfer_verified") else "no",
+        g = gpu.get(r["vllm"], {}).get("gpu") or ("CPU only" if r["status"] == "pass" else "—")
+        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            r["vllm"], r["mechanism"], r["status"], desc, "yes" if r.get("transfer_verified") else "no", g,
             (r.get("notes") or "").replace("|", "/")))
     lines.append("")
     lines.append("Descriptors are for the harness model (4 layers: stock is one per layer and per K/V up to "
@@ -31,20 +34,22 @@ def table(matrix):
                  "Safety cases (run_matrix.py, ENABLE_XLKV on both sides): NixlConnector in a MultiConnector on one "
                  "side and plain on the other; a MultiConnector with a child that takes no cross-layer blocks; a "
                  "16-token kernel block under 32-token blocks; tensors with 10 blocks more than the budget. "
-                 "Produced by `%s`." % matrix.get("command", "tests/compat/run_matrix.py"))
+                 "Produced by `%s`. GPU column: `experiments/results/gpu-proven.json`, which names the result "
+                 "files." % matrix.get("command", "tests/compat/run_matrix.py"))
     return "\n".join(lines)
 
 
-def render(readme_text, matrix):
+def render(readme_text, matrix, gpu=None):
     head, rest = readme_text.split(START, 1)
     _, tail = rest.split(END, 1)
-    return head + START + "\n" + table(matrix) + "\n" + END + tail
+    return head + START + "\n" + table(matrix, gpu) + "\n" + END + tail
 
 
 def main():
     matrix = json.load(open(MATRIX))
+    gpu = {k: v for k, v in json.load(open(GPU)).items() if not k.startswith("_")}
     text = open(README).read()
-    new = render(text, matrix)
+    new = render(text, matrix, gpu)
     if "--check" in sys.argv:
         if new != text:
             print("README.md support table is out of date: run python3 tests/compat/render_table.py")

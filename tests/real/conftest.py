@@ -60,3 +60,14 @@ def run_in(python, args, env=None, timeout=600, **kw):
     base.update(env or {})
     return subprocess.run([python] + list(args), capture_output=True, text=True, env=base, timeout=timeout,
                           cwd=kw.pop("cwd", "/"), **kw)
+
+
+#: Checks that do not depend on the release's NIXL mechanism (activation, the harness's own
+#: fault detection) run on one release to keep CI inside its time: the newest one selected.
+#: XLKV_TEST_EVERYWHERE=1 runs them on every selected release.
+def once_per_session(vllm_env, why):
+    if os.environ.get("XLKV_TEST_EVERYWHERE", "").strip() in ("1", "true", "yes", "on"):
+        return
+    newest = max(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+    if vllm_env[0] != newest:
+        pytest.skip("runs on vLLM %s only (%s; XLKV_TEST_EVERYWHERE=1 runs it on every release)" % (newest, why))

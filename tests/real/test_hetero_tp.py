@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, run_in
+from conftest import ROOT, once_per_session, run_in
 
 HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
 XLKV = {"ENABLE_XLKV": "true"}
@@ -113,6 +113,7 @@ def test_xlkv_tp2_to_tp2_is_cross_layer_and_exact(vllm_env, tmp_path):
 
 
 def test_the_per_rank_comparison_catches_a_rank_holding_other_heads(vllm_env, tmp_path):
+    once_per_session(vllm_env, "the harness's per-rank comparison, not the release, is under test")
     # planted fault: decode's ranks start in reverse order while the parent checks them as if
     # in order, so each process's (correctly transferred) head is compared with the other head
     r = harness(vllm_env[1], tmp_path, "swapped", "--d-tp", "2", "--case", "noncontig",

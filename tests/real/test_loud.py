@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, run_in
+from conftest import ROOT, once_per_session, run_in
 
 HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
 
@@ -42,6 +42,7 @@ def test_version_override_pointing_at_other_code_stops_vllm(vllm_env, tmp_path):
 def test_refusal_is_repeated_after_a_second_import(vllm_env, tmp_path):
     """Item 9: an unsupported release is refused at ``import vllm``; a caller that catches that and
     imports again still cannot create a NIXL connector."""
+    once_per_session(vllm_env, "the refusal hook and the factory guard are the same code on every release")
     pre = tmp_path / "pre"
     pre.mkdir()
     (pre / "sitecustomize.py").write_text(textwrap.dedent("""
@@ -61,6 +62,7 @@ def test_refusal_is_repeated_after_a_second_import(vllm_env, tmp_path):
 
 def test_missing_wrapt_stops_vllm_with_the_fix(vllm_env, tmp_path):
     """Item 2: the shim installed with --no-deps into an environment without wrapt."""
+    once_per_session(vllm_env, "activation, before any vLLM module is patched")
     hide = tmp_path / "hide"
     (hide / "wrapt").mkdir(parents=True)
     (hide / "wrapt" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'wrapt'\")\n")
@@ -73,6 +75,7 @@ def test_missing_wrapt_stops_vllm_with_the_fix(vllm_env, tmp_path):
 
 def test_unrecognised_flag_value_stops_vllm(vllm_env, tmp_path):
     """Item 8: ENABLE_XLKV=enabled was silently off."""
+    once_per_session(vllm_env, "activation, before any vLLM module is patched")
     r = harness(vllm_env[1], tmp_path, "enabled", env={"ENABLE_XLKV": "enabled"})
     assert r["transfer_verified"] is False
     assert "ENABLE_XLKV='enabled' is not a value xlkv understands" in r["_text"], r["_text"][-4000:]
@@ -102,3 +105,19 @@ def test_explicit_layout_on_one_side_is_named(vllm_env, tmp_path):
                 env={"ENABLE_XLKV": "true"})
     assert r["transfer_verified"] is False
     assert "an explicit VLLM_KV_CACHE_LAYOUT, which wins over xlkv" in r["_text"], r["_text"][-4000:]
+
+
+def test_smaller_kernel_block_on_one_side_is_named_as_such(vllm_env, tmp_path):
+    """Item 6: the same --block-size (32) on both sides, a 16-token attention kernel block on
+    decode only.  The refusal must not say "use the same --block-size"."""
+    r = harness(vllm_env[1], tmp_path, "d_kernel", "--p-block-size", "32", "--d-block-size", "32",
+                "--d-kernel-block-size", "16", env={"ENABLE_XLKV": "true"})
+    assert r["transfer_verified"] is False
+    text = r["_text"]
+    if _release(vllm_env) >= (0, 29):
+        # decode keeps the stock layout for that kernel block (WARNING) and says so at handshake
+        assert "here: the attention kernel block (16 tokens) is smaller than the KV block (32 tokens)" in text, \
+            text[-4000:]
+    else:
+        assert "split by the attention kernel into 16-token blocks" in text, text[-4000:]
+        assert "the attention kernel block differs" in text

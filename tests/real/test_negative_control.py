@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, run_in
+from conftest import ROOT, once_per_session, run_in
 
 HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
 HOOK_DIR = os.path.join(ROOT, "experiments", "negative_control")
@@ -38,17 +38,15 @@ def hooked(how):
 LAYOUTS = {"stock": {}, "shim": {"ENABLE_XLKV": "true"}}
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_clean_run_passes(vllm_env, tmp_path, layout):
-    r = harness(vllm_env[1], tmp_path, "clean-" + layout, env=LAYOUTS[layout])
-    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
-    assert "xlkv negative control" not in r["_log"]
-    assert r["cases"]["noncontig"]["bytes_ok"] is True
+# The same runs without the hook pass: tests/real/test_pd_transfer.py (stock and xlkv fixtures,
+# transfer_verified, every case byte-exact) on every release.
 
 
 @pytest.mark.parametrize("how", ["shift", "swap-layers"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_corrupted_block_is_caught_by_the_byte_comparison(vllm_env, tmp_path, layout, how):
+    if how == "swap-layers" and vllm_env[0] != "0.14.1":  # 0.14.1: the backport's own flat view
+        once_per_session(vllm_env, "swap-layers needs the layout the hook computes, checked on one release per view")
     r = harness(vllm_env[1], tmp_path, "nc-%s-%s" % (layout, how), *hooked(how), env=LAYOUTS[layout])
     log = r["_log"]
     # the hook loaded in D only, found the release's worker class and acted once

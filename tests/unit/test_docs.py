@@ -34,3 +34,13 @@ def test_matrix_rows_are_well_formed():
         if row["status"] == "pass":  # a pass must carry its evidence
             assert row["transfer_verified"] is True
             assert row["descriptors_per_block_xlkv"] <= 2 < row["descriptors_per_block_stock"]
+
+
+def test_gpu_column_names_result_files_that_exist():
+    gpu = json.load(open(os.path.join(ROOT, "experiments", "results", "gpu-proven.json")))
+    for release, entry in gpu.items():
+        if release.startswith("_"):
+            continue
+        assert entry["files"], release
+        for f in entry["files"]:
+            assert os.path.exists(os.path.join(ROOT, "experiments", "results", f)), (release, f)
