@@ -99,3 +99,18 @@ def test_plugin_path_activates_when_flag_set_in_script(vllm_env, tmp_path):
     out = _result(run_in(python, [str(script), "plugin"]))
     assert sorted(out["patched"]) == sorted(out["checked"])
     assert out["sources"] == ["vllm_plugin"]
+
+
+def test_kvcached_flag_alone_is_no_problem(vllm_env):
+    """Issue 11 item 3: ENABLE_KVCACHED without ENABLE_XLKV is kvcached's business (status OK);
+    with ENABLE_XLKV too, status names the conflict and fails."""
+    version, python = vllm_env
+    r = run_in(python, ["-m", "xlkv_autopatch", "status", "--json"], env={"ENABLE_KVCACHED": "true"})
+    info = json.loads(r.stdout)
+    assert r.returncode == 0 and info["ok"] is True, info["problems"]
+    assert info["kvcached_flags"] == ["ENABLE_KVCACHED"]
+    r = run_in(python, ["-m", "xlkv_autopatch", "status", "--json"],
+               env={"ENABLE_KVCACHED": "true", "ENABLE_XLKV": "true"})
+    info = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert any("ENABLE_KVCACHED and ENABLE_XLKV are both set" in p for p in info["problems"]), info["problems"]
