@@ -4,8 +4,8 @@
     python3 tests/compat/run_matrix.py [--releases "0.12.0 0.13.0 ..."] \
         [--out experiments/results/compat-matrix.json] [--logs /tmp/xlkv-matrix]
 
-For each release: tests/compat/mkenv.sh installs it (one environment per torch pin, the
-vLLM package swapped inside it), the shim is installed into that environment (editable:
+For each release: tests/compat/mkenv.sh installs it (a base environment per torch pin, an
+overlay environment per other release of that pin), the shim is installed into that environment (editable:
 .pth + entry point), then
 
 1. ``python -m xlkv_autopatch status --json`` (every patch target resolves),

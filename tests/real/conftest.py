@@ -1,16 +1,16 @@
 """Real-vLLM fixtures: one environment per release in XLKV_TEST_VLLM, shim installed in it.
 
-Environments come from tests/compat/mkenv.sh (one per torch pin; the vLLM package is
-swapped inside it), so tests are grouped by release: pytest orders the session-scoped
-parametrized fixture so that each release is installed once.
+Environments come from tests/compat/mkenv.sh (a base venv per torch pin, and an overlay venv
+per other release of that pin, so releases never swap each other's vLLM); pytest orders the
+session-scoped parametrized fixture so that each release is set up once.
 
 XLKV_TEST_PYTHONS="0.28.0=/path/to/python ..." uses ready environments instead (each
 must have vLLM, nixl and the shim installed).
 """
 
+import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -71,3 +71,25 @@ def once_per_session(vllm_env, why):
     newest = max(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
     if vllm_env[0] != newest:
         pytest.skip("runs on vLLM %s only (%s; XLKV_TEST_EVERYWHERE=1 runs it on every release)" % (newest, why))
+
+
+HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
+
+
+def harness(python, tmp_path, name, *args, env=None, step_timeout=45):
+    """One run of the P/D harness (tests/compat/pd_harness.py); its result dict plus ``_log``
+    (the harness's stdout and stderr) and ``_text`` (errors, warnings and log: where a
+    refusal's message can be)."""
+    out = tmp_path / ("%s.json" % name)
+    r = run_in(python, [HARNESS, "--out", str(out), "--timeout", str(step_timeout)] + list(args), env=env,
+               timeout=900)
+    assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    data["_log"] = r.stdout + r.stderr
+    data["_text"] = json.dumps(data.get("errors")) + json.dumps(data.get("warnings")) + data["_log"]
+    return data
+
+
+def release_of(vllm_env):
+    """(major, minor) of the release under test."""
+    return tuple(int(x) for x in vllm_env[0].split(".")[:2])

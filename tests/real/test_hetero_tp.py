@@ -11,27 +11,12 @@ descriptor per block; it is refused at handshake, naming heterogeneous TP, on 0.
 homogeneous and must transfer exactly."""
 
 import json
-import os
 
 import pytest
 
-from conftest import ROOT, once_per_session, run_in
+from conftest import harness, once_per_session, release_of
 
-HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
 XLKV = {"ENABLE_XLKV": "true"}
-
-
-def harness(python, tmp_path, name, *args, env=None):
-    out = tmp_path / ("%s.json" % name)
-    r = run_in(python, [HARNESS, "--out", str(out), "--timeout", "60"] + list(args), env=env, timeout=900)
-    assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
-    data = json.loads(out.read_text())
-    data["_log"] = r.stdout + r.stderr
-    return data
-
-
-def _release(vllm_env):
-    return tuple(int(x) for x in vllm_env[0].split(".")[:2])
 
 
 def hetero_tp_allowed(release):
@@ -41,12 +26,12 @@ def hetero_tp_allowed(release):
 
 @pytest.fixture(scope="module")
 def stock_1to2(vllm_env, tmp_path_factory):
-    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "stock_1to2", "--d-tp", "2")
+    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "stock_1to2", "--d-tp", "2", step_timeout=60)
 
 
 @pytest.fixture(scope="module")
 def xlkv_1to2(vllm_env, tmp_path_factory):
-    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "xlkv_1to2", "--d-tp", "2", env=XLKV)
+    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "xlkv_1to2", "--d-tp", "2", env=XLKV, step_timeout=60)
 
 
 def _heads(shape):
@@ -82,7 +67,7 @@ def test_stock_tp1_to_tp2_transfers_each_rank_its_heads(vllm_env, stock_1to2):
 
 def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
     r = xlkv_1to2
-    if hetero_tp_allowed(_release(vllm_env)):
+    if hetero_tp_allowed(release_of(vllm_env)):
         _assert_exact(r, 1, 2)
         assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
         assert r["descs_per_block"] == 1

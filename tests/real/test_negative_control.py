@@ -8,27 +8,15 @@ comparison must catch that, for the stock layout and for the shim's cross-layer 
 the same runs without the hook pass.  A check that cannot see this fault would not see a real
 block-indexing bug either."""
 
-import json
 import os
 import re
 
 import pytest
 
-from conftest import ROOT, once_per_session, run_in
+from conftest import ROOT, harness, once_per_session
 
-HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
 HOOK_DIR = os.path.join(ROOT, "experiments", "negative_control")
 LAYERS = 4  # the harness model
-
-
-def harness(python, tmp_path, name, *args, env=None):
-    out = tmp_path / ("%s.json" % name)
-    r = run_in(python, [HARNESS, "--out", str(out), "--timeout", "45", "--case", "noncontig"] + list(args),
-               env=env, timeout=900)
-    assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
-    data = json.loads(out.read_text())
-    data["_log"] = r.stdout + r.stderr
-    return data
 
 
 def hooked(how):
@@ -47,7 +35,8 @@ LAYOUTS = {"stock": {}, "shim": {"ENABLE_XLKV": "true"}}
 def test_corrupted_block_is_caught_by_the_byte_comparison(vllm_env, tmp_path, layout, how):
     if how == "swap-layers" and vllm_env[0] != "0.14.1":  # 0.14.1: the backport's own flat view
         once_per_session(vllm_env, "swap-layers needs the layout the hook computes, checked on one release per view")
-    r = harness(vllm_env[1], tmp_path, "nc-%s-%s" % (layout, how), *hooked(how), env=LAYOUTS[layout])
+    r = harness(vllm_env[1], tmp_path, "nc-%s-%s" % (layout, how), "--case", "noncontig", *hooked(how),
+                env=LAYOUTS[layout])
     log = r["_log"]
     # the hook loaded in D only, found the release's worker class and acted once
     assert "xlkv negative control: armed (%s)" % how in log, log[-3000:]

@@ -4,22 +4,11 @@ refusals.  The harness (tests/compat/pd_harness.py) runs P and D as two processe
 what the release's GPU model runner does; it never looks at the shim."""
 
 import json
-import os
 
 import pytest
 
-from conftest import ROOT, run_in
+from conftest import harness, release_of
 
-HARNESS = os.path.join(ROOT, "tests", "compat", "pd_harness.py")
-
-
-def harness(python, tmp_path, name, *args, env=None):
-    out = tmp_path / ("%s.json" % name)
-    r = run_in(python, [HARNESS, "--out", str(out), "--timeout", "45"] + list(args), env=env, timeout=900)
-    assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
-    data = json.loads(out.read_text())
-    data["_log"] = r.stdout + r.stderr
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +57,6 @@ def _shim_log(r):
     return json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
 
 
-def _release(vllm_env):
-    return tuple(int(x) for x in vllm_env[0].split(".")[:2])
-
-
 def test_block_size_mismatch_is_refused(vllm_env, tmp_path):
     # P 16, D 32: the direction vLLM itself lets through (it re-splits remote blocks), so the
     # refusal must come from xlkv's guard on every release
@@ -95,7 +80,7 @@ def test_host_buffer_mode_keeps_the_stock_layout_with_a_warning(vllm_env, tmp_pa
 
 
 def test_v1_model_runner_forced_where_v2_is_the_default(vllm_env, stock, xlkv):
-    if not ((0, 23) <= _release(vllm_env) < (0, 29)):
+    if not ((0, 23) <= release_of(vllm_env) < (0, 29)):
         pytest.skip("Model Runner V2 is not the default for this model on vLLM %s" % vllm_env[0])
     assert stock["p"]["use_v2_model_runner"] is True
     assert xlkv["p"]["use_v2_model_runner"] is False
@@ -106,7 +91,7 @@ def test_multiconnector_and_plain_nixlconnector_make_the_same_decision(vllm_env,
     # NixlConnector inside a MultiConnector on one side, a plain NixlConnector on the other (the
     # dynamo #10027 pairing). Before 0.16 vLLM's MultiConnector does not pass on the NIXL
     # handshake metadata, so it cannot be the prefill side there (stock too): it is the decode side.
-    p_multi = _release(vllm_env) >= (0, 16)
+    p_multi = release_of(vllm_env) >= (0, 16)
     side = "--p-connector" if p_multi else "--d-connector"
     r = harness(vllm_env[1], tmp_path, "multi", side, "multi", env={"ENABLE_XLKV": "true"})
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
@@ -130,12 +115,12 @@ def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, 
                 env={"ENABLE_XLKV": "true"})
     assert r["transfer_verified"] is False
     text = _shim_log(r) + json.dumps(r["errors"])
-    if _release(vllm_env) < (0, 29):
+    if release_of(vllm_env) < (0, 29):
         assert r["d"]["cross_layer"] is False and r["p"]["cross_layer"] is True
         assert "also runs ExampleConnector" in text or "also runs SharedStorageConnector" in text, text[-3000:]
-    if _release(vllm_env) < (0, 13):  # no hash: xlkv compares the registered regions
+    if release_of(vllm_env) < (0, 13):  # no hash: xlkv compares the registered regions
         assert "NIXL handshake refused: this engine registered 8 per-layer regions" in text, text[-3000:]
-    elif _release(vllm_env) < (0, 22):
+    elif release_of(vllm_env) < (0, 22):
         assert "NIXL handshake refused: this kv_both engine runs the stock per-layer KV layout" in text, text[-3000:]
         assert "remote engine runs xlkv's cross-layer KV layout" in text
     else:
@@ -151,7 +136,7 @@ def test_kernel_block_smaller_than_the_logical_block(vllm_env, tmp_path):
     assert r["d"]["kernel_ratio"] == 2
     ratio = r["d"]["worker"].get("_physical_blocks_per_logical_kv_block")
     assert ratio in (None, 2), ratio
-    if _release(vllm_env) >= (0, 29):
+    if release_of(vllm_env) >= (0, 29):
         # vLLM cannot register a block-outermost layout split into kernel blocks (its own
         # assertion): the stock layout, with the reason in one WARNING
         assert r["cross_layer"] is False
@@ -167,7 +152,7 @@ def test_over_allocated_tensors(vllm_env, tmp_path):
     # the allocator hands over tensors with 10 blocks more than the scheduler's budget (virtual
     # capacity, as kvcached does)
     r = harness(vllm_env[1], tmp_path, "over_alloc", "--over-allocate", "10", env={"ENABLE_XLKV": "true"})
-    rel = _release(vllm_env)
+    rel = release_of(vllm_env)
     if rel >= (0, 29):
         # vLLM's own registration refuses the block-outermost view it cannot partition, before
         # any metadata is published; xlkv names the layout and the fix
