@@ -28,7 +28,7 @@ Removal
 import os
 
 from .. import layout
-from ..logs import info_once, logger
+from ..logs import info_once
 from . import _state
 from ._glue import bind, fallback
 
@@ -57,8 +57,8 @@ def _kernel_split(vllm_config):
         block_size = vllm_config.cache_config.block_size
         kernel = select_common_block_size(block_size, list(get_current_attn_backends(vllm_config)))
     except Exception as e:  # cannot tell here; registration (block_count.py) still refuses with the cause
-        logger.debug("xlkv_autopatch: could not compare the attention kernel block with the KV block (%s: %s); "
-                     "registration checks it", type(e).__name__, e)
+        info_once("kernel-split", "could not compare the attention kernel block with the KV block here (%s: %s); "
+                  "NIXL registration checks the block counts instead (block_count.py)", type(e).__name__, e)
         return None
     if isinstance(block_size, int) and isinstance(kernel, int) and kernel < block_size:
         return ("the attention kernel block (%d tokens) is smaller than the KV block (%d tokens), and vLLM's NIXL "
