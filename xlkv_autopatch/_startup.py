@@ -8,7 +8,7 @@ Three triggers end in the same idempotent :func:`activate`:
   calls in the API server, the engine core and every worker,
 * ``sitecustomize.py`` at the repository root, for runs from a source checkout.
 
-This module, :mod:`xlkv_autopatch`, :mod:`xlkv_autopatch.plugin` and
+This module, :mod:`xlkv_autopatch` (and its `_version`), :mod:`xlkv_autopatch.plugin` and
 :mod:`xlkv_autopatch.flag` are what vLLM's plugin loader imports in every vLLM process
 even with the flag off, so they import nothing outside the standard library
 (tests/activation checks it).

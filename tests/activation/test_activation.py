@@ -192,7 +192,8 @@ def test_flag_off_plugin_imports_standard_library_only(env_without_pth):
     assert r.returncode == 0, r.stderr
     new = json.loads(r.stdout)
     ours = [m for m in new if m.split(".")[0] == "xlkv_autopatch"]
-    assert ours == ["xlkv_autopatch", "xlkv_autopatch._startup", "xlkv_autopatch.flag", "xlkv_autopatch.plugin"], ours
+    assert ours == ["xlkv_autopatch", "xlkv_autopatch._startup", "xlkv_autopatch._version", "xlkv_autopatch.flag",
+                    "xlkv_autopatch.plugin"], ours
     others = [m for m in new if m.split(".")[0] != "xlkv_autopatch"]
     assert all(m.split(".")[0] in sys.stdlib_module_names for m in others), others
 
