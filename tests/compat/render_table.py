@@ -33,7 +33,8 @@ def table(matrix, gpu=None):
                  "0.25, one per layer from 0.26); a Qwen3-0.6B block costs 56 (≤0.25) or 28 descriptors stock. "
                  "Safety cases (run_matrix.py, ENABLE_XLKV on both sides): NixlConnector in a MultiConnector on one "
                  "side and plain on the other; a MultiConnector with a child that takes no cross-layer blocks; a "
-                 "16-token kernel block under 32-token blocks; tensors with 10 blocks more than the budget. "
+                 "16-token kernel block under 32-token blocks; tensors with 10 blocks more than the budget; and, in rows "
+                 "that say 5/5, prefill TP 1 -> decode TP 2 (exact where xlkv allows it, refused where it does not). "
                  "Produced by `%s`. GPU column: `experiments/results/gpu-proven.json`, which names the result "
                  "files." % matrix.get("command", "tests/compat/run_matrix.py"))
     return "\n".join(lines)
