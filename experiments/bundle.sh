@@ -34,6 +34,8 @@
 #                      nvidia-cudnn-cu13" after `setup` named libcudnn.
 #   XLKV_BUNDLE_IMAGE  the GPU image's packages (default experiments/build_bundle_image.txt)
 #   XLKV_BUNDLE_SKIP   extra regex of package names to leave out
+#   XLKV_BUNDLE_EXTRA  extra requirements resolved with vLLM's (e.g. "ray[cgraph]" for
+#                      --distributed-executor-backend ray); less the image's packages as well
 #   CHUNK_MB (55; CHUNK_BYTES overrides), ZSTD_LEVEL (12), BUNDLE_WORK (.xfer-tmp/build-VERSION; deleted at the end
 #   unless KEEP_WORK=1)
 set -euo pipefail
@@ -145,6 +147,7 @@ build() {
   #    own versions are used even where vLLM asks for newer ones, as with 0.21/0.26)
   sed -E 's/==.*//; /^\s*(#|$)/d; s/$/; sys_platform == "never"/' "$IMAGE_LIST" > "$work/overrides.txt"
   printf 'vllm==%s\nnixl-cu13\n' "$ver" > "$work/req.in"
+  local x; for x in ${XLKV_BUNDLE_EXTRA:-}; do echo "$x" >> "$work/req.in"; done
   uv pip compile -q "$work/req.in" --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
     --override "$work/overrides.txt" -o "$work/req.txt"
   local skip="^($SKIP_DEFAULT${XLKV_BUNDLE_SKIP:+|$XLKV_BUNDLE_SKIP})(\[[^]]*\])?=="

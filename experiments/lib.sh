@@ -194,8 +194,14 @@ config_supported() {
     native-v1)
       if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
       echo "native-v1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
+    shim-keep-order) shim_supported ;;
+    shim-ray)
+      if ! "$PY" -c 'import ray' 2>/dev/null; then
+        echo "shim-ray: ray is not importable here (build the bundle with XLKV_BUNDLE_EXTRA=ray)"; return 1
+      fi
+      shim_supported ;;
     nc-*) config_supported "${1#nc-}" ;;
-    *) echo "unknown config '$1' (stock, shim, native, native-v1, nc-<config>)"; return 1 ;;
+    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ray, native, native-v1, nc-<config>)"; return 1 ;;
   esac
 }
 
@@ -223,14 +229,19 @@ print("yes" if j.get("supported") and sets and good else "no")' 2>/dev/null || e
   return 1
 }
 
-# Sets CFG_ENV (array of VAR=value, both servers), CFG_D_ENV (D only) and CFG_KV_EXTRA (JSON
-# or empty) for a config.
+# Sets CFG_ENV (array of VAR=value, both servers), CFG_D_ENV (D only), CFG_D_ARGS (more
+# `vllm serve` flags, D only) and CFG_KV_EXTRA (JSON or empty) for a config.
 NC_DIR="$EXP_DIR/negative_control"
 config_env() {
-  CFG_ENV=(); CFG_D_ENV=(); CFG_KV_EXTRA=""
+  CFG_ENV=(); CFG_D_ENV=(); CFG_D_ARGS=(); CFG_KV_EXTRA=""
   case "$1" in
     stock) ;;
     shim) CFG_ENV=(ENABLE_XLKV=true) ;;
+    # the shim without its descriptor ordering (XLKV_COALESCE=false): the ablation row
+    shim-keep-order) CFG_ENV=(ENABLE_XLKV=true XLKV_COALESCE=false) ;;
+    # the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker as README says
+    shim-ray) CFG_ENV=(ENABLE_XLKV=true); CFG_D_ENV=(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV)
+      CFG_D_ARGS=(--distributed-executor-backend ray) ;;
     native)
       if version_ge "${VLLM_VERSION:-0}" 0.29; then CFG_ENV=(VLLM_KV_CACHE_LAYOUT=BLNHC)
       else CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; fi ;;
@@ -266,6 +277,7 @@ start_server() {
   if [ "$tp" -gt 1 ]; then cmd+=(--tensor-parallel-size "$tp"); fi
   # shellcheck disable=SC2206
   if [ -n "$SERVE_EXTRA_ARGS" ]; then cmd+=($SERVE_EXTRA_ARGS); fi
+  case "$name" in D*) cmd+=("${CFG_D_ARGS[@]}") ;; esac
   printf '%s: %s %s\n' "$name" "${envs[*]}" "${cmd[*]}" >> "$COMMANDS_FILE"
   log "start $name ($cfg) on :$port, GPUs [$gpus], log $logf"
   # setsid: own process group, so stop_all also ends the engine-core and worker children.
@@ -307,7 +319,7 @@ start_pair() {
   wait_ready "P[$cfg]" "http://127.0.0.1:$PORT_P/health" "$ppid" "$P_LOG"
   wait_ready "D[$cfg]" "http://127.0.0.1:$PORT_D/health" "$dpid" "$D_LOG"
   start_proxy
-  case "$cfg" in shim|nc-shim) check_shim_active "$P_LOG" "$D_LOG" ;; esac
+  case "$cfg" in shim*|nc-shim*) check_shim_active "$P_LOG" "$D_LOG" ;; esac
   case "$cfg" in nc-*) check_negative_control_active "$D_LOG" ;; esac
 }
 

@@ -48,6 +48,9 @@
 #      EQ_LOGPROB_TOL=0, EQ_NEGATIVE_CONTROL="" (e.g. stock,shim), NC_CORRUPTION=shift|swap-layers,
 #      EQ_NC_LENGTHS (default EQ_LENGTHS), EQ_KV_WAIT=15 (s to wait for D's counters per request),
 #      PROBE_LEN=1600, EQ_JSON (summary path; default $WORK/equivalence.json),
+#      EQ_INCLUDE="" (configs run by an earlier call in the same WORK, e.g. "stock shim nc-shim":
+#      their run and probe files join this call's summary, so one summary can span calls
+#      that each stay under a device call's time limit),
 #      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=auto|1|0,
 #      plus everything lib.sh reads.
 # exit: 0 pass, 1 fail, 2 set-up problem, 3 no GPU (CPU checks only), 4 release unsupported.
@@ -166,14 +169,25 @@ for cfg in "${run_configs[@]}"; do
   running=$cfg
 done
 stop_all
+for cfg in ${EQ_INCLUDE:-}; do  # runs of an earlier call (same WORK)
+  found=0
+  for f in "$WORK/eq-local-$cfg.json" "$WORK/eq-pd-$cfg.json"; do
+    if [ -f "$f" ]; then run_files+=("$f"); found=1; fi
+  done
+  if [ -f "$WORK/eq-probe-$cfg.json" ]; then probe_args+=(--probe "$cfg=$WORK/eq-probe-$cfg.json"); fi
+  [ "$found" = 1 ] || die "$EXIT_SETUP" "EQ_INCLUDE: no run files of $cfg in $WORK"
+  log "included from an earlier call: $cfg"
+done
 
 meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "date": "%s"}' \
   "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
   "$(echo $SERVE_EXTRA_ARGS)" "$([ "$EQ_BATCH_INVARIANT" = 1 ] && echo true || echo false)" "$EQ_LOGPROBS" \
-  "$EQ_NEGATIVE_CONTROL" "$(date -u +%FT%TZ)")
+  "$EQ_NEGATIVE_CONTROL${EQ_INCLUDE:+ (included: $EQ_INCLUDE)}" "$(date -u +%FT%TZ)")
 rc=0
 corruption=""
-[ ${#nc_configs[@]} -eq 0 ] || corruption=$(pdtools nc-describe "$NC_CORRUPTION")
+if [ ${#nc_configs[@]} -gt 0 ] || [[ " ${EQ_INCLUDE:-} " == *" nc-"* ]]; then
+  corruption=$(pdtools nc-describe "$NC_CORRUPTION")
+fi
 pdtools equiv-summary --out "$EQ_JSON" --lengths "$EQ_LENGTHS" --meta "$meta" \
   --logprob-tol "$EQ_LOGPROB_TOL" --corruption "$corruption" "${probe_args[@]}" "${run_files[@]}" || rc=$?
 log "summary JSON: $EQ_JSON"

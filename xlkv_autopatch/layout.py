@@ -154,3 +154,40 @@ def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_rati
         return Decision(False, "cross-layer blocks of a blocks-first backend (K/V outermost) cannot be "
                                "sliced by heads for heterogeneous TP")
     return Decision(True, "heads are outermost in a FlashAttention cross-layer block")
+
+
+def ascending_order(local_ids: Sequence[int]) -> Optional[list]:
+    """The permutation that puts (local, remote) descriptor pairs in ascending local order
+    (stable), or None when they already are (nothing to reorder).
+
+    NIXL merges two consecutive descriptors of one transfer into one only where both the
+    local and the remote address continue the previous descriptor's, in list order.  vLLM
+    hands a request's block pairs in allocation order, and its free queue gives blocks back
+    in reverse: runs contiguous on both sides arrive descending and stay one descriptor per
+    block.  Pairs are independent copies, so any permutation applied to both lists moves
+    the same bytes; ascending local order makes every run that is contiguous in the same
+    direction on both sides adjacent and increasing, which is all NIXL's merge needs.
+    """
+    if hasattr(local_ids, "argsort") and getattr(local_ids, "ndim", 0) == 1:  # a numpy array, as vLLM passes
+        if len(local_ids) < 2 or bool((local_ids[:-1] <= local_ids[1:]).all()):
+            return None
+        return local_ids.argsort(kind="stable")
+    ids = list(local_ids)
+    if all(a <= b for a, b in zip(ids, ids[1:])):
+        return None
+    return sorted(range(len(ids)), key=ids.__getitem__)
+
+
+def merged_descriptor_count(local_ids: Sequence[int], remote_ids: Sequence[int]) -> int:
+    """How many descriptors NIXL's merge leaves for these pairs in this order, with one
+    block per descriptor index (the cross-layer layout): a new descriptor starts wherever
+    the local or the remote index does not continue the previous one by +1."""
+    if len(local_ids) != len(remote_ids):
+        raise ValueError("%d local and %d remote descriptors" % (len(local_ids), len(remote_ids)))
+    count = 0
+    prev = None
+    for pair in zip(local_ids, remote_ids):
+        if prev is None or pair[0] != prev[0] + 1 or pair[1] != prev[1] + 1:
+            count += 1
+        prev = pair
+    return count

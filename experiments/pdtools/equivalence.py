@@ -322,7 +322,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
         entry = {"attn_backend": p.get("backend"), "kv": kv, "descriptors_per_block": dpb,
                  "descriptors_per_transfer": kv.get("avg_descriptors_per_transfer"),
                  "blocks_per_transfer": kv.get("blocks_per_transfer")}
-        if cfg == "shim":
+        if cfg == "shim" or cfg.startswith("shim-"):  # shim-ray, shim-keep-order: the shim as well
             entry["limit"] = limit
             entry["descriptor_pass"] = dpb is not None and dpb <= limit + 0.05
             desc_ok = desc_ok and entry["descriptor_pass"]
@@ -371,7 +371,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
                 pd_vs_pd_stock[l] = compare_runs(runs[pd_base], runs[l])
     token_ids = {l: {str(r["prompt_len"]): outputs_key(r) for r in runs[l]} for l in labels}
     return {"baseline": base_label, "prompt_lengths": list(lengths), "runs": rows, "mismatches": mismatches,
-            "equivalence_pass": eq_ok, "descriptor_pass": desc_ok if "shim" in probes else None,
+            "equivalence_pass": eq_ok, "descriptor_pass": desc_ok if any(c == "shim" or c.startswith("shim-") for c in probes) else None,
             "logprob_pass": lp_ok, "logprob_problems": lp_problems, "logprob_tol": logprob_tol,
             "transfers_pass": xfer_ok, "transfer_problems": xfer_problems, "transfers": transfers,
             "distinct_ids": distinct_ids(base), "negative_control": negative,

@@ -53,6 +53,22 @@ CASES = {
     "reuse": [("c", [25, 1, 33], [30, 2, 11], 3 * BLOCK_SIZE)],
 }
 CASE_ORDER = ["noncontig", "partial", "reuse"]
+# Block orders a loaded server hands out (its free queue returns blocks in reverse), for the
+# descriptor merge NIXL does: both sides descending, two interleaved runs, and a prefix-cache
+# hit on D (D lists only its 4 uncomputed blocks; vLLM pairs them with P's last 4).
+ORDER_CASES = {
+    "reversed": [("r", list(range(19, 11, -1)), list(range(39, 31, -1)), 8 * BLOCK_SIZE)],
+    "interleaved": [("i", [8, 24, 9, 25, 10, 26], [14, 20, 15, 21, 16, 22], 6 * BLOCK_SIZE)],
+    "shared": [("s", [11, 10, 9, 8, 7, 6], [29, 28, 27, 26], 6 * BLOCK_SIZE)],
+}
+CASES.update(ORDER_CASES)
+CASE_ORDER += list(ORDER_CASES)
+
+
+def expected_pairs(remote, local):
+    """(D block, P block) pairs vLLM transfers: D lists only the blocks it must fill, so
+    with fewer local than remote blocks (a prefix-cache hit on D) they pair with P's last."""
+    return list(zip(local, remote[len(remote) - len(local):]))
 
 
 # ----------------------------------------------------------------------------------------
@@ -519,13 +535,29 @@ def _fill_reference(state):
     return ref
 
 
-def _wrap_xfer_counter(state):
-    """Pass-through wrapper on the NIXL agent's make_prepped_xfer to count descriptors."""
+def _wrap_xfer_counter(state, telemetry, plant_fault=None):
+    """Pass-through wrappers on the NIXL agent: make_prepped_xfer counts the descriptors
+    vLLM hands over (before any merge), get_xfer_telemetry appends to ``telemetry`` the
+    descriptors NIXL really moved (descCount, after its merge; what vLLM's KV metrics
+    report) whenever vLLM reads it."""
     w = state["conn"].connector_worker
     agent = getattr(w, "nixl_wrapper", None)
     calls = []
     if agent is None:
         return calls
+    tel_orig = getattr(agent, "get_xfer_telemetry", None)
+    if tel_orig is not None:
+        def tel(*a, **k):
+            res = tel_orig(*a, **k)
+            try:
+                telemetry.append(int(res.descCount))
+            except Exception:
+                pass
+            return res
+        try:
+            agent.get_xfer_telemetry = tel
+        except Exception:
+            pass
     orig = agent.make_prepped_xfer
 
     def counted(*a, **k):
@@ -534,6 +566,11 @@ def _wrap_xfer_counter(state):
             calls.append(len(local_ids))
         except Exception:
             pass
+        if plant_fault == "misorder" and len(a) > 4 and len(a[2]) > 1:
+            # planted fault (harness self-test): the local descriptor ids reordered without
+            # their remote partners, as a wrong coalescing step would; the byte check must catch it
+            a = list(a)
+            a[2] = a[2][::-1].copy() if hasattr(a[2], "copy") else list(a[2])[::-1]
         return orig(*a, **k)
 
     try:
@@ -691,7 +728,8 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
             res_q.put(("p_exit", {"errors": logs.errors()[-20:]}))
         else:
             res_q.put(("ready", info))
-            calls = _wrap_xfer_counter(st)
+            telemetry = []
+            calls = _wrap_xfer_counter(st, telemetry, getattr(args, "plant_fault", None))
             import numpy as np
             while True:
                 cmd = cmd_q.get(timeout=args.timeout * 4)
@@ -699,7 +737,7 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                     break
                 _, req, remote_ids, local_ids, p_info = cmd
                 res = {"req": req, "remote_block_ids": remote_ids, "local_block_ids": local_ids}
-                n_calls0 = len(calls)
+                n_calls0, n_tel0 = len(calls), len(telemetry)
                 err0 = len(logs.errors())
                 md = _new_md(st)
                 params = dict(remote_block_ids=_block_ids_arg(st, remote_ids),
@@ -729,6 +767,7 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                 except Exception as e:
                     res["invalid_block_ids"] = f"n/a {e!r}"
                 res["xfer_calls"] = calls[n_calls0:]
+                res["nixl_desc_counts"] = telemetry[n_tel0:]
                 res["errors"] = logs.errors()[err0:][-10:]
                 if getattr(args, "plant_fault", None) == "corrupt" and \
                         st["tp_rank"] == st["tp"] - 1 and local_ids:
@@ -862,10 +901,11 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=NUM_KV_HEADS,
                     help="KV heads of the model (default %d; each TP rank holds KV heads / TP)"
                     % NUM_KV_HEADS)
-    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks"), default=None,
+    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder"), default=None,
                     help="harness self-test, the run must fail: 'corrupt' changes one received "
                          "element on D's last rank; 'swap-d-ranks' starts D's ranks in reverse "
-                         "order while the parent checks them as if they were in order")
+                         "order while the parent checks them as if they were in order; 'misorder' reverses the local "
+                         "descriptor ids of every transfer without their remote partners")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     args = ap.parse_args()
@@ -996,7 +1036,7 @@ def main():
                         ok_recv &= bool(x["recv_done"] and not x["invalid_block_ids"]
                                         if isinstance(x["invalid_block_ids"], list) else x["recv_done"])
                     if ok_recv:
-                        for lb, rb in zip(local, remote):
+                        for lb, rb in expected_pairs(remote, local):
                             expected_owner[lb] = rb
                     # wait for P (every rank) to see the completion notification(s)
                     sent = False
@@ -1014,8 +1054,10 @@ def main():
                                 raise RuntimeError(m[1]["error"])
                     sent = not waiting
                     c["p_done_sending"] = sent
+                    if r.get("nixl_desc_counts"):
+                        c["nixl_descs"] = sum(r["nixl_desc_counts"])
                     if r.get("xfer_calls"):
-                        nblk = len(remote)
+                        nblk = len(local)
                         c["xfer_descs"] = sum(r["xfer_calls"])
                         c["xfer_descs_per_block"] = sum(r["xfer_calls"]) / nblk
                     bad = []
@@ -1033,7 +1075,7 @@ def main():
                         if len(rs) > 1:
                             c.setdefault("ranks", []).append({
                                 "recv_done": x["recv_done"], "invalid_block_ids": x["invalid_block_ids"],
-                                "xfer_descs_per_block": (sum(x["xfer_calls"]) / len(remote)
+                                "xfer_descs_per_block": (sum(x["xfer_calls"]) / len(local)
                                                          if x.get("xfer_calls") else None),
                                 "bytes_ok": not bad_i, "num_mismatches": len(bad_i)})
                     c["bytes_ok"] = not bad

@@ -20,6 +20,10 @@ overlay environment per other release of that pin), the shim is installed into t
    with the cause from 0.29); prefill TP 1 -> decode TP 2 (two decode ranks: allowed and
    exact, one descriptor per block, on 0.12-0.22 and 0.26-0.28; refused at handshake with
    the cause on 0.23-0.25 and 0.29+),
+5. from the stock and xlkv runs, the descriptors NIXL really moved (its telemetry) for the
+   block orders of a loaded server (``ORDER_CASES``: both sides descending, interleaved runs,
+   a prefix-cache hit on D): with xlkv they must merge to 1, 2 and 1 per cross-layer region
+   (``merged_descriptors`` in the row; bytes are compared in every case),
 
 and one row is written (rows of other releases already in --out are kept):
 ``{vllm, mechanism, status: pass|fail|unsupported, descriptors_per_block_stock,
@@ -56,6 +60,32 @@ def mechanism(release):
     if v < (0, 29):
         return MECHANISMS["runner"]
     return MECHANISMS["layout"]
+
+
+#: the harness's block-order cases and the NIXL descriptors each must come to with xlkv's
+#: descriptor ordering (patches/transfer_order.py), per cross-layer descriptor of a block
+ORDER_CASES = {"reversed": 1, "interleaved": 2, "shared": 1}
+
+
+def merged_descriptors(stock, xlkv):
+    """{case: {blocks, stock, xlkv, expected_xlkv}} of the descriptors NIXL moved (its
+    telemetry, after merging) for the block-order cases, plus "problems"; {} on releases
+    whose vLLM reads no NIXL telemetry."""
+    out, problems = {}, []
+    per = xlkv.get("descs_per_block") or 0
+    for case, merged in ORDER_CASES.items():
+        s, x = (stock.get("cases") or {}).get(case) or {}, (xlkv.get("cases") or {}).get(case) or {}
+        if "nixl_descs" not in x:
+            continue
+        want = merged * per if xlkv.get("cross_layer") else None
+        out[case] = {"blocks": len(x.get("local_block_ids") or []), "stock": s.get("nixl_descs"),
+                     "xlkv": x["nixl_descs"], "expected_xlkv": want}
+        if want is not None and x["nixl_descs"] != want:
+            problems.append("%s blocks: NIXL moved %s descriptors with xlkv, %s expected"
+                            % (case, x["nixl_descs"], want))
+    if out and problems:
+        out["problems"] = problems
+    return out
 
 
 def clean_env(extra=None):
@@ -215,6 +245,9 @@ def run_release(release, logs):
         row["details"][name]["errors"] = [str(e)[:400] for e in d.get("errors") or []]
         row["details"][name]["cases"] = {c: v.get("ok") for c, v in (d.get("cases") or {}).items()}
     row["details"]["decode_only_refused"] = refused
+    order = merged_descriptors(stock, xlkv)
+    if order:
+        row["merged_descriptors"] = order
     safety_problems, safety_notes = [], []
     for name, fn in SAFETY:
         d, ok, note = fn(release, py, logs)
@@ -242,6 +275,7 @@ def run_release(release, logs):
         problems.append("descriptors per block stock %s, xlkv %s" % (s, x))
     if not refused:
         problems.append("decode-only ENABLE_XLKV was not refused at handshake")
+    problems.extend(order.get("problems", []) if order else [])
     problems.extend(safety_problems)
     row["status"] = "fail" if problems else "pass"
     row["notes"] = "; ".join(problems) if problems else (

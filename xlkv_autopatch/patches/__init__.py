@@ -14,9 +14,14 @@ block_count                NixlConnectorWorker.register_kv_caches               
 multi_connector            MultiConnector.prefer_cross_layer_blocks,            0.12-0.28
                            MultiConnector.register_cross_layers_kv_cache        0.12-0.13
 kv_connector_factory       KVConnectorFactory.create_connector                  all
+transfer_order             nixl_wrapper.make_prepped_xfer (per worker)          0.12-0.33
 =========================  ==================================================  ==========
 
-(tests/unit/test_docs.py checks this table against :func:`all_groups`.)
+``transfer_order`` wraps no class attribute: block_count's registration wrapper attaches
+it to the NIXL agent object of each worker that registered a cross-layer layout
+(:data:`INSTANCE_PATCHES`).
+
+(tests/unit/test_structure.py checks this table against :func:`all_groups` and :data:`INSTANCE_PATCHES`.)
 
 :func:`all_groups` returns every :class:`~xlkv_autopatch.specs.PatchGroup`; the
 registry keeps those whose range contains the installed vLLM (and the ``always`` guard).
@@ -35,6 +40,9 @@ from . import (block_count, compat_hash, cross_layer_preference, cross_layer_reg
 from ._glue import BW, C, CFG, FACTORY, MC, N, PKG, W
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
+#: patches attached to objects at run time rather than declared as PatchSpecs:
+#: (file, attribute) -> releases (the releases of the group that attaches them)
+INSTANCE_PATCHES = {("transfer_order", "make_prepped_xfer"): "0.12-0.33"}
 
 
 def kvcached_flags():

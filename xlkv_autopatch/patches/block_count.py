@@ -21,7 +21,8 @@ How
     tensors are left to vLLM's own registration: the shim changes nothing there.  An assertion of vLLM's own registration under xlkv's
     block-outermost layout (0.29+: e.g. a view it cannot partition into NIXL regions) is
     re-raised naming the layout, the failed check and the fix.  After registration it
-    logs the regions and descriptors per block once.
+    logs the regions and descriptors per block once, and a cross-layer worker's NIXL
+    transfers get their descriptor order (transfer_order.py).
 vLLM versions
     0.12-0.33 (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
 Removal
@@ -33,7 +34,7 @@ import traceback
 from .. import facts, layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once
-from . import _state
+from . import _state, transfer_order
 from ._glue import bind
 
 
@@ -118,6 +119,8 @@ def register_wrapper(wrapped, instance, args, kwargs):
                 % _assertion_text(e)) from e
         raise
     cross = _state.is_cross_layer(instance)
+    if cross:
+        transfer_order.attach(instance)
     info_once("registered", "NIXL registration: %s region(s), %s blocks, %s layout, block lengths %s",
               getattr(instance, "num_regions", None), getattr(instance, "num_blocks", None),
               "cross-layer" if cross else "per-layer (stock)",
