@@ -79,7 +79,14 @@ install_traps
 require_gpus_or_cpu_checks
 require_vllm
 ensure_model
-rm -f "$WORK"/eq-*.json "$WORK"/eq-*.log "$COMMANDS_FILE"
+# A fresh start, except the files of the configs EQ_INCLUDE takes from an earlier call
+keep=" "
+for cfg in ${EQ_INCLUDE:-}; do keep+="eq-local-$cfg.json eq-pd-$cfg.json eq-probe-$cfg.json "; done
+for f in "$WORK"/eq-*.json "$WORK"/eq-*.log; do
+  [ -e "$f" ] || continue
+  case "$keep" in *" $(basename "$f") "*) ;; *) rm -f "$f" ;; esac
+done
+rm -f "$COMMANDS_FILE"
 
 # Deterministic kernels when the release has them (see the header); the servers inherit it.
 unset VLLM_BATCH_INVARIANT

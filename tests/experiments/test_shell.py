@@ -367,3 +367,18 @@ def test_run_gpu_cell_returns_only_the_staged_releases_results(tmp_path):
     subprocess.run(["bash", os.path.join(EXP, "run_gpu_cell.sh"), "no-such-step"], capture_output=True, env=e,
                    timeout=60)
     assert set(names) <= set(os.listdir(tmp_path / "out2"))
+
+
+def test_shim_ablation_and_ray_configs():
+    r = _lib('config_env shim-keep-order; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_D_ARGS[*]}"')
+    assert r.stdout.strip() == "ENABLE_XLKV=true XLKV_COALESCE=false||"
+    # D on Ray: the flag on both sides, copied into the Ray worker's environment, D's executor
+    r = _lib('config_env shim-ray; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_D_ARGS[*]}"')
+    assert r.stdout.strip() == ("ENABLE_XLKV=true|VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV|"
+                                "--distributed-executor-backend ray")
+    # without ray importable (CI has none) the config is refused with the way to get it
+    if subprocess.run([sys.executable, "-c", "import ray"], capture_output=True).returncode == 0:
+        pytest.skip("ray is importable here")
+    r = _lib("PYTHONPATH=/nonexistent; VLLM_VERSION=0.29.0; SHIM_CHECK=0; config_supported shim-ray")
+    assert r.returncode == 1 and "XLKV_BUNDLE_EXTRA=ray" in r.stdout
+    assert _lib("VLLM_VERSION=0.29.0; SHIM_CHECK=0; config_supported shim-keep-order").returncode == 0
