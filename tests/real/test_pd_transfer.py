@@ -170,3 +170,22 @@ def test_over_allocated_tensors(vllm_env, tmp_path):
         assert r["d"]["worker"]["num_blocks"] == 50
     # a transfer of blocks beyond the budget (ids 40-49, which only the tensors hold) was exact
     assert r["cases"]["virtual"]["ok"] is True, r["cases"]["virtual"]
+
+
+#: the harness's block orders of a loaded server -> descriptors NIXL may move per cross-layer
+#: descriptor of a block once xlkv ordered the pairs (patches/transfer_order.py)
+ORDER_CASES = {"reversed": 1, "interleaved": 2, "shared": 1}
+
+
+def test_block_orders_of_a_loaded_server_merge_with_the_shim_and_stay_as_vllm_lists_them_in_stock(
+        vllm_env, stock, xlkv):
+    """NIXL's own telemetry (descCount, what vLLM's KV metrics print) per case: with xlkv,
+    blocks descending on both sides become one descriptor, two interleaved runs two, and a
+    prefix-cache hit on D (4 of P's 6 blocks) one; stock keeps one per block and region."""
+    for case, merged in ORDER_CASES.items():
+        x, s = xlkv["cases"][case], stock["cases"][case]
+        assert x["bytes_ok"] and s["bytes_ok"], (case, x, s)
+        assert "nixl_descs" in x and "nixl_descs" in s, "vLLM read no NIXL telemetry: %s" % case
+        blocks = len(x["local_block_ids"])
+        assert x["nixl_descs"] == merged * xlkv["descs_per_block"], (case, x["nixl_descs"])
+        assert s["nixl_descs"] == blocks * stock["descs_per_block"], (case, s["nixl_descs"])

@@ -111,3 +111,44 @@ def test_heterogeneous_tp():
     assert not L.heterogeneous_tp_supported(cross_layer=True, blocks_first=False, tp_ratio=-2,
                                             whole_row_layout=True).use
     assert L.heterogeneous_tp_supported(cross_layer=False, blocks_first=True, tp_ratio=2).use
+
+
+# --- descriptor order (patches/transfer_order.py) ----------------------------------------
+
+def _apply(order, ids):
+    return [ids[i] for i in order]
+
+
+@pytest.mark.parametrize("local, remote, before, after", [
+    (list(range(19, 11, -1)), list(range(39, 31, -1)), 8, 1),      # both sides descending
+    ([14, 20, 15, 21, 16, 22], [8, 24, 9, 25, 10, 26], 6, 2),       # two interleaved runs
+    ([5, 4, 3], [10, 11, 12], 3, 3),                                # opposite directions: no order helps
+    ([3, 9, 1, 7], [30, 2, 17, 40], 4, 4),                          # nothing contiguous
+])
+def test_ascending_order_merges_runs_contiguous_on_both_sides(local, remote, before, after):
+    assert L.merged_descriptor_count(local, remote) == before
+    order = L.ascending_order(local)
+    assert sorted(order) == list(range(len(local)))
+    l2, r2 = _apply(order, local), _apply(order, remote)
+    assert l2 == sorted(local)
+    assert sorted(zip(l2, r2)) == sorted(zip(local, remote))  # the same pairs, nothing else
+    assert L.merged_descriptor_count(l2, r2) == after
+
+
+def test_ascending_order_leaves_ordered_lists_alone_and_is_stable():
+    assert L.ascending_order([1, 2, 2, 5]) is None
+    assert L.ascending_order([]) is None
+    assert L.ascending_order([4]) is None
+    assert list(L.ascending_order([3, 1, 3, 1])) == [1, 3, 0, 2]
+
+
+def test_ascending_order_of_a_numpy_array_matches_the_list_rule():
+    np = pytest.importorskip("numpy")
+    ids = np.array([9, 4, 4, 1, 7], dtype=np.int32)
+    assert list(L.ascending_order(ids)) == list(L.ascending_order(ids.tolist())) == [3, 1, 2, 4, 0]
+    assert L.ascending_order(np.arange(5)) is None
+
+
+def test_merged_descriptor_count_needs_pairs():
+    with pytest.raises(ValueError):
+        L.merged_descriptor_count([1, 2], [1])
