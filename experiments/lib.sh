@@ -186,7 +186,7 @@ http_ok() {
 # config_supported CONFIG -> prints why not and returns 1 when the release lacks it.
 config_supported() {
   case "$1" in
-    stock) return 0 ;;
+    stock|prefill_only) return 0 ;;
     shim) shim_supported ;;
     native)
       if version_ge "$VLLM_VERSION" 0.16; then return 0; fi

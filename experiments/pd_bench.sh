@@ -12,7 +12,18 @@
 # Results go to RESULT_JSON (default ${RESULT_DIR:-experiments/results}/<date>-<vllm>-<gpu>.json); a file
 # that exists already is merged with (several calls accumulate; repeated cells gain reps).
 #
-# env: CONFIGS (default "stock shim native", plus native-v1 on 0.22-0.28),
+# Config prefill_only (the physical limit of P/D TTFT): P alone, no D and no proxy, the same
+# load sent straight to P with max_tokens=1; report.py gives each config's P/D overhead =
+# its mean TTFT - prefill_only's (same input length and state).
+#
+# BENCH_STATE=fresh (default) or fragmented: in a fragmented cell, after the warm-up, FRAG_PROMPTS
+# (400) requests of mixed lengths (FRAG_LEN=2048 x [0.1, 1.9], FRAG_OUTPUT_LEN=16) go through
+# the pair first, so the measured requests get blocks from a free queue that has seen many
+# requests come and go (vLLM frees a request's blocks in reverse order).  Cells record `state`,
+# `avg_descriptors_per_transfer` and `avg_xfer_ms` (D's KV metrics).
+#
+# env: CONFIGS (default "stock shim native", plus native-v1 on 0.22-0.28; also shim-keep-order,
+#      prefill_only), BENCH_STATE, FRAG_PROMPTS, FRAG_LEN, FRAG_OUTPUT_LEN,
 #      INPUT_LENS="1024 10240", OUTPUT_LEN=16, REPS=3, WARMUP_PROMPTS=4,
 #      NUM_PROMPTS (for every length; default 128 up to 2048 tokens, 64 above),
 #      EQ_JSON (equivalence summary of this machine/release, for equivalence_pass),
@@ -28,6 +39,11 @@ WARMUP_PROMPTS=${WARMUP_PROMPTS:-4}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-900}
 BENCH_EXTRA_ARGS=${BENCH_EXTRA_ARGS:-}
 EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
+BENCH_STATE=${BENCH_STATE:-fresh}
+FRAG_PROMPTS=${FRAG_PROMPTS:-400}
+FRAG_LEN=${FRAG_LEN:-2048}
+FRAG_OUTPUT_LEN=${FRAG_OUTPUT_LEN:-16}
+case "$BENCH_STATE" in fresh|fragmented) ;; *) die "$EXIT_SETUP" "BENCH_STATE must be fresh or fragmented" ;; esac
 
 setup_env
 install_traps
@@ -49,14 +65,16 @@ num_prompts_for() {
   else echo 64; fi
 }
 
-# bench_run L N SEED RESULT_FILE(or "") LOG
+# bench_run L N SEED RESULT_FILE(or "") LOG [more bench flags]: to BENCH_URL (the proxy; P for
+# prefill_only), BENCH_OUT_LEN output tokens
 bench_run() {
   local L=$1 N=$2 seed=$3 res=$4 logf=$5
+  shift 5
   local -a cmd=("$PY" -m vllm.entrypoints.cli.main bench serve --backend vllm --model "$MODEL"
-    --tokenizer "$MODEL" --base-url "http://127.0.0.1:$PORT_PROXY" --endpoint /v1/completions
-    --dataset-name random --random-input-len "$L" --random-output-len "$OUTPUT_LEN"
+    --tokenizer "$MODEL" --base-url "$BENCH_URL" --endpoint /v1/completions
+    --dataset-name random --random-input-len "$L" --random-output-len "$BENCH_OUT_LEN"
     --num-prompts "$N" --seed "$seed" --ignore-eos
-    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99)
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 "$@")
   if [ -n "$res" ]; then cmd+=(--save-result --result-dir "$(dirname "$res")" --result-filename "$(basename "$res")"); fi
   # shellcheck disable=SC2206
   if [ -n "$BENCH_EXTRA_ARGS" ]; then cmd+=($BENCH_EXTRA_ARGS); fi
@@ -71,25 +89,51 @@ for cfg in $CONFIGS; do
     if [ "$cfg" = shim ]; then die "$EXIT_UNSUPPORTED" "vLLM $VLLM_VERSION is not supported by the shim (see above)"; fi
     skipped+=("$cfg"); log "skipping $cfg"; continue
   fi
-  log "=== $cfg ==="
+  log "=== $cfg ($BENCH_STATE) ==="
   : > "$COMMANDS_FILE"
-  start_pair "$cfg" "bench-$cfg"
+  if [ "$cfg" = prefill_only ]; then
+    # P alone (stock settings), the load straight to it, one output token
+    require_ports_free "$PORT_P" "$SIDE_P"
+    assign_gpus
+    P_LOG="$WORK/bench-$cfg-p.log"; D_LOG=""
+    start_server "P[$cfg]" stock "$PORT_P" "$SIDE_P" "$P_GPUS" "$TP_P" "$P_LOG"
+    wait_ready "P[$cfg]" "http://127.0.0.1:$PORT_P/health" "${PIDS[-1]}" "$P_LOG"
+    BENCH_URL="http://127.0.0.1:$PORT_P"; BENCH_OUT_LEN=1
+  else
+    start_pair "$cfg" "bench-$cfg"
+    BENCH_URL="http://127.0.0.1:$PORT_PROXY"; BENCH_OUT_LEN=$OUTPUT_LEN
+  fi
   for L in $INPUT_LENS; do
     N=$(num_prompts_for "$L")
     if [ "$WARMUP_PROMPTS" -gt 0 ]; then
       log "$cfg L=$L: warm-up ($WARMUP_PROMPTS prompts)"
       bench_run "$L" "$WARMUP_PROMPTS" 99 "" "$WORK/bench-$cfg-$L-warmup.log" ||
         { tail -n 30 "$WORK/bench-$cfg-$L-warmup.log" >&2; die "$EXIT_FAIL" "warm-up failed ($cfg, L=$L)"; }
-      KV_WAIT=20 wait_kv_lines "$D_LOG" 0 || true
+      [ -z "$D_LOG" ] || { KV_WAIT=20 wait_kv_lines "$D_LOG" 0 || true; }
+    fi
+    if [ "$BENCH_STATE" = fragmented ]; then
+      log "$cfg L=$L: fragmenting the free block queue: $FRAG_PROMPTS prompts of mixed lengths around $FRAG_LEN"
+      BENCH_OUT_LEN_SAVED=$BENCH_OUT_LEN; [ "$cfg" = prefill_only ] || BENCH_OUT_LEN=$FRAG_OUTPUT_LEN
+      bench_run "$FRAG_LEN" "$FRAG_PROMPTS" 77 "" "$WORK/bench-$cfg-$L-fragment.log" --random-range-ratio 0.9 ||
+        { tail -n 30 "$WORK/bench-$cfg-$L-fragment.log" >&2; die "$EXIT_FAIL" "fragmenting load failed ($cfg, L=$L)"; }
+      BENCH_OUT_LEN=$BENCH_OUT_LEN_SAVED
     fi
     res_files=(); kv_files=()
     for rep in $(seq 1 "$REPS"); do
       seed=$((1000 + rep))
       tag="$cfg-$L-$N-r$rep-$(date +%H%M%S)"
       res="$WORK/bench/$tag.json"
+      log "$cfg L=$L rep $rep/$REPS: $N prompts, seed $seed"
+      if [ -z "$D_LOG" ]; then  # prefill_only: no transfers to count
+        if ! bench_run "$L" "$N" "$seed" "$res" "$WORK/bench-$tag.log"; then
+          tail -n 30 "$WORK/bench-$tag.log" >&2
+          log "ERROR: bench run $tag failed"; failed=1; continue
+        fi
+        res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json")
+        continue
+      fi
       off=$(kv_log_offset "$D_LOG")
       pdtools prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom0"
-      log "$cfg L=$L rep $rep/$REPS: $N prompts, seed $seed"
       if ! bench_run "$L" "$N" "$seed" "$res" "$WORK/bench-$tag.log"; then
         tail -n 30 "$WORK/bench-$tag.log" >&2
         log "ERROR: bench run $tag failed"; failed=1; continue
@@ -104,10 +148,10 @@ for cfg in $CONFIGS; do
       res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json")
     done
     [ ${#res_files[@]} -gt 0 ] || continue
-    meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s"}' \
-      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$(pdtools backend "$D_LOG")")
+    meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s", "state": "%s"}' \
+      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$(pdtools backend "${D_LOG:-$P_LOG}")" "$BENCH_STATE")
     pdtools bench-cell --out "$RESULT_JSON" --config "$cfg" --input-len "$L" \
-      --output-len "$OUTPUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" \
+      --output-len "$BENCH_OUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" \
       --commands "$COMMANDS_FILE" --bytes-per-block "$BYTES_PER_BLOCK" --vllm-version "$VLLM_VERSION" \
       --gpu "$GPU_SLUG" --equivalence "$EQ_JSON" --run-prefix "$(hostname)-$(date +%s)" --meta "$meta"
   done

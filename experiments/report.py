@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pdtools  # noqa: E402
 
-CONFIG_ORDER = ["stock", "shim", "native", "native-v1"]
+CONFIG_ORDER = ["prefill_only", "stock", "shim", "shim-keep-order", "native", "native-v1"]
 
 
 def _vals(xs):
@@ -35,6 +35,11 @@ def stats(xs):
             "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+def _mean(xs):
+    xs = _vals(xs)
+    return statistics.mean(xs) if xs else None
+
+
 def _order(cfg):
     return (CONFIG_ORDER.index(cfg) if cfg in CONFIG_ORDER else len(CONFIG_ORDER), cfg)
 
@@ -43,12 +48,21 @@ def rows(doc):
     """Table rows: dicts with the numbers of each (input_len, config) cell."""
     out = []
     cells = sorted(doc.get("cells", []), key=lambda c: (c.get("input_len") or 0, _order(c.get("config"))))
-    stock = {c["input_len"]: stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
+    def key(c):
+        return c["input_len"], c.get("state") or "fresh"
+    stock = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
+    alone = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "prefill_only"}
     for c in cells:
         s = stats(c.get("mean_ttft_ms"))
-        base = stock.get(c["input_len"])
+        base = stock.get(key(c))
+        limit = alone.get(key(c))
+        state = c.get("state") or "fresh"
         out.append({
-            "config": c["config"], "input_len": c["input_len"], "num_prompts": c.get("num_prompts"),
+            "config": c["config"] if state == "fresh" else "%s [%s]" % (c["config"], state),
+            "state": state, "input_len": c["input_len"], "num_prompts": c.get("num_prompts"),
+            "overhead_ms": (s["mean"] - limit["mean"]) if (s and limit and c["config"] != "prefill_only") else None,
+            "avg_descriptors_per_transfer": _mean(c.get("descriptors_per_transfer")),
+            "avg_xfer_ms": _mean((c.get("kv_xfer") or {}).get("avg_xfer_ms")),
             "ttft": s,
             "median_ttft": stats(c.get("median_ttft_ms")),
             "p99_ttft": stats(c.get("p99_ttft_ms")),
@@ -57,7 +71,8 @@ def rows(doc):
             "desc_per_block": c.get("descriptors_per_block"),
             "desc_per_xfer": stats(c.get("descriptors_per_transfer")),
             "failed": sum(_vals(c.get("failed"))),
-            "ratio": (base["mean"] / s["mean"]) if (base and s and s["mean"]) else None,
+            "ratio": (base["mean"] / s["mean"]) if (base and s and s["mean"] and c["config"] != "prefill_only")
+            else None,
         })
     return out
 
@@ -70,7 +85,7 @@ def ratio_lines(doc):
         by_len.setdefault(r["input_len"], []).append(r)
     for L in sorted(by_len):
         parts = ["stock/%s %.2f×" % (r["config"], r["ratio"]) for r in by_len[L]
-                 if r["config"] != "stock" and r["ratio"] is not None]
+                 if r["config"].split(" ")[0] not in ("stock", "prefill_only") and r["ratio"] is not None]
         if parts:
             out.append("- %d tokens: %s" % (L, ", ".join(parts)))
     return out
@@ -110,6 +125,18 @@ def markdown(doc):
     ratios = ratio_lines(doc)
     if ratios:
         lines += ["", "Mean-TTFT ratios (stock / config, > 1 = faster than stock):"] + ratios
+    over = ["- %d tokens, %s: %.0f ms" % (r["input_len"], r["config"], r["overhead_ms"])
+            for r in rows(doc) if r["overhead_ms"] is not None]
+    if over:
+        lines += ["", "P/D overhead = config mean TTFT - prefill_only mean TTFT (P alone, max_tokens=1; "
+                      "same input length and state):"] + over
+    kv = ["- %d tokens, %s: %s descriptors, %s ms" % (r["input_len"], r["config"],
+                                                      _f(r["avg_descriptors_per_transfer"], "%.1f"),
+                                                      _f(r["avg_xfer_ms"], "%.1f"))
+          for r in rows(doc) if r["avg_descriptors_per_transfer"] is not None or r["avg_xfer_ms"] is not None]
+    if kv:
+        lines += ["", "D's KV metrics per transfer (mean over repetitions of vLLM's averages: descriptors "
+                      "NIXL moved, xfer time):"] + kv
     notes = ["", "mean TTFT: per repetition, `vllm bench serve`'s mean over its prompts; mean ± sample std "
              "and min–max over repetitions. stock/config > 1 means the config is faster than stock. "
              "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)."]

@@ -10,7 +10,9 @@
 #   model        generate the random-weight model into /tmp/xlkv-model (if missing)
 #   equivalence  pd_equivalence.sh (EQ_* env vars; EQ_NEGATIVE_CONTROL=stock,shim adds the negative
 #                controls nc-stock / nc-shim to the same call)
-#   bench        pd_bench.sh (CONFIGS, INPUT_LENS, REPS, NUM_PROMPTS ... env vars)
+#   bench        pd_bench.sh (CONFIGS, INPUT_LENS, REPS, NUM_PROMPTS, BENCH_STATE ... env vars)
+#   wire         wire_copy.py: a timed GPU0 -> GPU1 copy of one 10240-token request's KV bytes
+#                (wire-<date>.json in the results; needs two GPUs)
 #
 # Results on the GPU machine: /tmp/xlkv-results/ (kept while the machine stays warm, so
 # several bench calls accumulate into one JSON there); copies go to $OUT each call.
@@ -70,7 +72,7 @@ collect() {
   for f in "$RESULT_DIR"/*.json "$RESULT_DIR"/*.md "$RESULT_DIR"/*.png; do
     [ -f "$f" ] || continue
     n=$(basename "$f")
-    if [ -z "$ver" ] || [[ "$n" == *-"$ver"-* || "$n" == *-"$ver".json ]]; then cp "$f" "$OUT/"
+    if [ -z "$ver" ] || [[ "$n" == *-"$ver"-* || "$n" == *-"$ver".json || "$n" == wire-* ]]; then cp "$f" "$OUT/"
     else other="$other $n"; fi
   done
   [ -z "$other" ] || echo "run_gpu_cell: kept on the machine (not vLLM $ver):$other"
@@ -104,6 +106,8 @@ for step in "$@"; do
       require_staged
       bash "$HERE/pd_bench.sh"
       for f in "$RESULT_DIR"/20*.json; do if [ -f "$f" ]; then python3 "$HERE/report.py" "$f" > /dev/null || true; fi; done ;;
-    *) echo "unknown step '$step' (stage setup check status model equivalence bench)"; exit 2 ;;
+    wire)  # the image's torch is enough for a copy; no vLLM needed
+      python3 "$HERE/wire_copy.py" --out "$RESULT_DIR/wire-$(date +%F).json" ;;
+    *) echo "unknown step '$step' (stage setup check status model equivalence bench wire)"; exit 2 ;;
   esac
 done

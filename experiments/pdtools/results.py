@@ -7,7 +7,7 @@ import time
 
 from .kvmetrics import kv_summary
 
-CELL_KEY = ("config", "input_len", "output_len", "num_prompts")
+CELL_KEY = ("config", "input_len", "output_len", "num_prompts", "state")
 PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "total_tok_s",
            "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps")
 
@@ -51,11 +51,17 @@ def _finish_cell(cell):
     ttft = [x for x in cell["mean_ttft_ms"] if x is not None]
     cell["mean_ttft_ms_mean"] = statistics.mean(ttft) if ttft else None
     cell["mean_ttft_ms_std"] = statistics.stdev(ttft) if len(ttft) > 1 else 0.0 if ttft else None
+    # issue-14 view: what D's KV metrics say per transfer, averaged over the repetitions
+    dpt = [x for x in cell.get("descriptors_per_transfer", []) if x is not None]
+    xfer = [x for x in (cell.get("kv_xfer") or {}).get("avg_xfer_ms", []) if x is not None]
+    cell["avg_descriptors_per_transfer"] = statistics.mean(dpt) if dpt else None
+    cell["avg_xfer_ms"] = statistics.mean(xfer) if xfer else None
     return cell
 
 
 def cell_key(cell):
-    return tuple(cell.get(k) for k in CELL_KEY)
+    # cells written before bench states existed were all measured fresh
+    return tuple((cell.get(k) or "fresh") if k == "state" else cell.get(k) for k in CELL_KEY)
 
 
 def merge_results(docs):

@@ -95,3 +95,23 @@ def test_cli_merges_several_files(tmp_path, doc):
     md = (tmp_path / "x.md").read_text()
     assert md.count("| 10240 × 64 |") == 3 and md.count("| 1024 × 128 |") == 2
     assert not (tmp_path / "a.png").exists()
+
+
+def test_prefill_only_overhead_and_fragmented_state_kept_apart(doc):
+    alone = _cell("prefill_only", 10240, [1500.0, 1600.0, 1700.0], 0)
+    alone["output_len"] = 1
+    frag = dict(_cell("shim", 10240, [2600.0, 2800.0], 0.5), state="fragmented")
+    merged = pdtools.merge_results([doc, {"cells": [alone, frag]}])
+    # a fragmented cell never merges into the fresh one of the same config
+    shim = [c for c in merged["cells"] if c["config"] == "shim" and c["input_len"] == 10240]
+    assert sorted(len(c["mean_ttft_ms"]) for c in shim) == [2, 3]
+    rows = {(r["input_len"], r["config"]): r for r in report.rows(merged)}
+    assert rows[(10240, "shim")]["overhead_ms"] == pytest.approx(2200.0 - 1600.0)
+    assert rows[(10240, "stock")]["overhead_ms"] == pytest.approx(5000.0 - 1600.0)
+    assert rows[(10240, "prefill_only")]["overhead_ms"] is None and rows[(10240, "prefill_only")]["ratio"] is None
+    # no fragmented prefill_only or stock cell: no overhead and no ratio for the fragmented shim
+    assert rows[(10240, "shim [fragmented]")]["overhead_ms"] is None
+    assert rows[(10240, "shim [fragmented]")]["ratio"] is None
+    assert rows[(10240, "shim [fragmented]")]["avg_descriptors_per_transfer"] == pytest.approx(320.0)
+    md = report.markdown(merged)
+    assert "- 10240 tokens, shim: 600 ms" in md and "stock/prefill_only" not in md

@@ -320,6 +320,27 @@ def test_bench_end_to_end_with_fake_vllm(tmp_path):
     assert os.path.exists(str(res)[:-5] + ".md")
 
 
+def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
+    pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="prefill_only stock", INPUT_LENS="64", NUM_PROMPTS="4", REPS="1",
+             WARMUP_PROMPTS="1", BENCH_STATE="fragmented", FRAG_PROMPTS="5", FRAG_LEN="32", RESULT_JSON=str(res))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "fragmenting the free block queue: 5 prompts" in r.stderr
+    cells = {c["config"]: c for c in json.loads(res.read_text())["cells"]}
+    assert {c["state"] for c in cells.values()} == {"fragmented"}
+    alone, stock = cells["prefill_only"], cells["stock"]
+    assert alone["output_len"] == 1 and stock["output_len"] == 16
+    assert alone["kv_xfer"]["num_transfers"] == [None]  # P alone: nothing moved, nothing counted
+    assert stock["kv_xfer"]["num_transfers"] == [4]  # the measured prompts only, not the fragmenting load
+    cmds = " ".join(alone["commands"])
+    assert "--base-url http://127.0.0.1:%s" % e["PORT_P"] in cmds and "D[" not in cmds
+    md = open(str(res)[:-5] + ".md").read()
+    assert "P/D overhead" in md and "stock [fragmented]" in md
+
+
 def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
     """`timeout` signals the whole process group, tee included; the trap must still copy the
     console and the log extracts into $OUT (a device call returns only what is there)."""
