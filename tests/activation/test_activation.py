@@ -344,3 +344,17 @@ def test_status_cli_without_vllm(env_with_pth):
     assert info["vllm"] is None and info["flag"]["on"] is True
     assert any("vLLM is not installed" in p for p in info["problems"])
     assert any(p.endswith("xlkv_autopatch.pth") for p in info["activation"]["pth_files"])
+
+
+def test_pth_of_an_install_whose_package_is_gone_says_vllm_runs_stock(tmp_path):
+    """An editable install whose checkout was removed keeps its .pth and entry point: vLLM's
+    plugin loader only logs "Failed to load plugin", so nothing can stop vLLM, and the .pth
+    line must not claim otherwise (both sides stock transfer correctly; one side stock is
+    refused at handshake by the other side's tagged hash)."""
+    prefix = str(tmp_path / "venv_gone")
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(prefix)
+    shutil.copy(PTH, _site_packages(prefix))
+    r = run_py(os.path.join(prefix, "bin", "python"), "print('ran')", ENABLE_XLKV="true")
+    assert r.returncode == 0 and r.stdout.strip() == "ran"
+    assert "No module named 'xlkv_autopatch'" in r.stderr
+    assert "this process runs STOCK vLLM" in r.stderr and "will refuse" not in r.stderr
