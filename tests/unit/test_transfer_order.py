@@ -82,3 +82,18 @@ def test_unrecognised_knob_value_is_refused(monkeypatch):
         transfer_order.attach(Worker())
     for value, on in (("", True), ("1", True), ("on", True), ("0", False), ("off", False)):
         assert transfer_order.enabled({transfer_order.KNOB: value}) is on
+
+
+def test_first_reordered_transfer_is_logged_with_its_gain(monkeypatch, caplog):
+    import logging
+    from xlkv_autopatch import logs
+    monkeypatch.delenv(transfer_order.KNOB, raising=False)
+    monkeypatch.setattr(logs, "_seen", set())
+    w = Worker()
+    transfer_order.attach(w)
+    with caplog.at_level(logging.INFO, logger="vllm.xlkv_autopatch"):
+        w.nixl_wrapper.make_prepped_xfer("READ", 1, [7, 6, 5, 1], 2, [17, 16, 15, 3])
+        w.nixl_wrapper.make_prepped_xfer("READ", 1, [9, 8], 2, [19, 18])
+    lines = [r.getMessage() for r in caplog.records if "first reordered" in r.getMessage()]
+    assert lines == ["xlkv_autopatch: first reordered NIXL transfer: 4 descriptor pairs, 4 contiguous runs in "
+                     "vLLM's order, 2 after ordering"]

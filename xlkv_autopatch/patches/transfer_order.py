@@ -69,11 +69,17 @@ def reorder(args, kwargs):
     order = layout.ascending_order(local)
     if order is None:
         return tuple(args), kwargs
+    new = {}
     for pos, name, ids in ((LOCAL, "local_indices", local), (REMOTE, "remote_indices", remote)):
+        new[name] = _take(ids, order)
         if len(args) > pos:
-            args[pos] = _take(ids, order)
+            args[pos] = new[name]
         else:
-            kwargs = dict(kwargs, **{name: _take(ids, order)})
+            kwargs = dict(kwargs, **{name: new[name]})
+    if once("transfer_order_first"):  # what the first reordered transfer gained, once per process
+        logger.info("xlkv_autopatch: first reordered NIXL transfer: %d descriptor pairs, %d contiguous runs in "
+                    "vLLM's order, %d after ordering", len(local), layout.merged_descriptor_count(local, remote),
+                    layout.merged_descriptor_count(new["local_indices"], new["remote_indices"]))
     return tuple(args), kwargs
 
 
