@@ -19,14 +19,18 @@ START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 
 def table(matrix, gpu=None):
     gpu = gpu or {}
-    lines = ["| vLLM | mechanism | status | descriptors per block, stock → xlkv | transfer verified | GPU | notes |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| vLLM | mechanism | status | descriptors per block, stock → xlkv | NIXL descriptors moved, stock → "
+             "xlkv: 8 blocks descending / 6 interleaved / 4 after a prefix hit | transfer verified | GPU | notes |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in matrix["rows"]:
         s, x = r.get("descriptors_per_block_stock"), r.get("descriptors_per_block_xlkv")
         desc = "%s → %s" % (s, x) if s is not None or x is not None else "—"
+        m = r.get("merged_descriptors") or {}
+        merged = " / ".join("%s → %s" % (m[c]["stock"], m[c]["xlkv"]) for c in ("reversed", "interleaved", "shared")
+                            if c in m) or "—"
         g = gpu.get(r["vllm"], {}).get("gpu") or ("CPU only" if r["status"] == "pass" else "—")
-        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
-            r["vllm"], r["mechanism"], r["status"], desc, "yes" if r.get("transfer_verified") else "no", g,
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["vllm"], r["mechanism"], r["status"], desc, merged, "yes" if r.get("transfer_verified") else "no", g,
             (r.get("notes") or "").replace("|", "/")))
     lines.append("")
     lines.append("Descriptors are for the harness model (4 layers: stock is one per layer and per K/V up to "
@@ -35,6 +39,9 @@ def table(matrix, gpu=None):
                  "side and plain on the other; a MultiConnector with a child that takes no cross-layer blocks; a "
                  "16-token kernel block under 32-token blocks; tensors with 10 blocks more than the budget; and, in rows "
                  "that say 5/5, prefill TP 1 -> decode TP 2 (exact where xlkv allows it, refused where it does not). "
+                 "NIXL descriptors moved: NIXL's own count after its merge (what vLLM's KV metrics print) for the "
+                 "harness's block orders of a loaded server, bytes compared in each; xlkv lists the pairs in "
+                 "ascending local order (patches/transfer_order.py). "
                  "Produced by `%s`. GPU column: `experiments/results/gpu-proven.json`, which names the result "
                  "files." % matrix.get("command", "tests/compat/run_matrix.py"))
     return "\n".join(lines)
