@@ -49,7 +49,7 @@ def _assert_exact(r, p_tp, d_tp, kv_heads=2):
         assert _heads(x["layer_view_shape"]) == kv_heads // d_tp, x
     for x in r["p_ranks"]:
         assert _heads(x["layer_view_shape"]) == kv_heads // p_tp, x
-    assert set(r["cases"]) == {"noncontig", "partial", "reuse"}
+    assert set(r["cases"]) == {"noncontig", "partial", "reuse", "reversed", "interleaved", "shared"}
     for name, case in r["cases"].items():
         assert case["ok"] and case["bytes_ok"] and case["p_done_sending"], (name, case)
         assert len(case["ranks"]) == d_tp, (name, case)
