@@ -30,7 +30,7 @@ import os
 
 from .. import layout
 from ..errors import XlkvFlagError
-from ..flag import FALSY, TRUTHY
+from ..flag import FALSY, TRUTHY, flag_state
 from ..logs import info_once, logger, once
 
 KNOB = "XLKV_COALESCE"
@@ -41,11 +41,13 @@ LOCAL, REMOTE = 2, 4
 
 
 def enabled(environ=None):
-    value = (os.environ if environ is None else environ).get(KNOB, "").strip().lower()
-    if value in TRUTHY or value == "":
-        return True
-    if value in FALSY:
-        return False
+    env = os.environ if environ is None else environ
+    if not env.get(KNOB, "").strip():
+        return True  # unset: on by default
+    state = flag_state(env, name=KNOB)
+    if state != "invalid":
+        return state == "on"
+    value = env[KNOB]
     raise XlkvFlagError("xlkv_autopatch: %s=%r is neither on (%s) nor off (%s)"
                         % (KNOB, value, "/".join(TRUTHY), "/".join(repr(v) for v in FALSY if v)))
 
