@@ -194,14 +194,14 @@ config_supported() {
     native-v1)
       if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
       echo "native-v1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
-    shim-keep-order) shim_supported ;;
+    shim-keep-order|shim-ucx) shim_supported ;;
     shim-ray)
       if ! "$PY" -c 'import ray' 2>/dev/null; then
         echo "shim-ray: ray is not importable here (build the bundle with XLKV_BUNDLE_EXTRA=ray)"; return 1
       fi
       shim_supported ;;
     nc-*) config_supported "${1#nc-}" ;;
-    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ray, native, native-v1, nc-<config>)"; return 1 ;;
+    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ucx, shim-ray, native, native-v1, nc-<config>)"; return 1 ;;
   esac
 }
 
@@ -239,6 +239,9 @@ config_env() {
     shim) CFG_ENV=(ENABLE_XLKV=true) ;;
     # the shim without its descriptor ordering (XLKV_COALESCE=false): the ablation row
     shim-keep-order) CFG_ENV=(ENABLE_XLKV=true XLKV_COALESCE=false) ;;
+    # the shim with more NIXL UCX threads (vLLM passes kv_connector_extra_config.num_threads to
+    # nixl_agent_config; its default is 4): the ablation row of the UCX lever
+    shim-ucx) CFG_ENV=(ENABLE_XLKV=true); CFG_KV_EXTRA="{\"num_threads\": ${UCX_NUM_THREADS:-8}}" ;;
     # the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker as README says
     shim-ray) CFG_ENV=(ENABLE_XLKV=true); CFG_D_ENV=(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV)
       CFG_D_ARGS=(--distributed-executor-backend ray) ;;

@@ -393,6 +393,11 @@ def test_run_gpu_cell_returns_only_the_staged_releases_results(tmp_path):
 def test_shim_ablation_and_ray_configs():
     r = _lib('config_env shim-keep-order; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_D_ARGS[*]}"')
     assert r.stdout.strip() == "ENABLE_XLKV=true XLKV_COALESCE=false||"
+    # the UCX lever: the shim plus NIXL's num_threads through kv_connector_extra_config (valid JSON)
+    for env, n in (("", 8), ("UCX_NUM_THREADS=16; ", 16)):
+        r = _lib(env + 'config_env shim-ucx; echo "${CFG_ENV[*]}|${CFG_KV_EXTRA}"')
+        flags, extra = r.stdout.strip().split("|")
+        assert flags == "ENABLE_XLKV=true" and json.loads(extra) == {"num_threads": n}
     # D on Ray: the flag on both sides, copied into the Ray worker's environment, D's executor
     r = _lib('config_env shim-ray; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_D_ARGS[*]}"')
     assert r.stdout.strip() == ("ENABLE_XLKV=true|VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV|"
