@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Render P/D bench results (pd_bench.sh JSON) as a markdown table and a PNG plot.
 
-usage: report.py RESULTS.json [MORE.json ...] [--md OUT.md] [--png OUT.png] [--no-plot]
+usage: report.py RESULTS.json [MORE.json ...] [--md OUT.md] [--png OUT.png] [--no-plot] [--wire WIRE.json]
 
 Several files are merged first (pdtools.merge_results).  Table: one row per input length and
 config with the mean TTFT over repetitions (mean of `vllm bench serve`'s per-run mean TTFT
@@ -63,10 +63,12 @@ def rows(doc):
             "overhead_ms": (s["mean"] - limit["mean"]) if (s and limit and c["config"] != "prefill_only") else None,
             "avg_descriptors_per_transfer": _mean(c.get("descriptors_per_transfer")),
             "avg_xfer_ms": _mean((c.get("kv_xfer") or {}).get("avg_xfer_ms")),
+            "avg_mb_per_transfer": _mean((c.get("kv_xfer") or {}).get("avg_mb_per_transfer")),
             "ttft": s,
             "median_ttft": stats(c.get("median_ttft_ms")),
             "p99_ttft": stats(c.get("p99_ttft_ms")),
-            "itl": stats(c.get("mean_itl_ms")),
+            # prefill_only asks for one token: it has no inter-token latency
+            "itl": stats(c.get("mean_itl_ms")) if c.get("config") != "prefill_only" else None,
             "tok_s": stats(c.get("total_tok_s")),
             "desc_per_block": c.get("descriptors_per_block"),
             "desc_per_xfer": stats(c.get("descriptors_per_transfer")),
@@ -103,7 +105,14 @@ def _eq_source(doc):
     return " (%s)" % ", ".join(files) if files else ""
 
 
-def markdown(doc):
+def wire_ms_for(wire, mib):
+    """The wire time of MIB MiB, scaled linearly from wire_copy.py's timed copy (None without one)."""
+    if not wire or not mib or not wire.get("bytes") or wire.get("median_ms") is None:
+        return None
+    return wire["median_ms"] * (mib * 2 ** 20) / wire["bytes"]
+
+
+def markdown(doc, wire=None):
     head = ["## P/D TTFT: vLLM %s on %s" % (doc.get("vllm_version") or "?", doc.get("gpu") or "?"), ""]
     eq = doc.get("equivalence_pass")
     head.append("Greedy-output equivalence (pd_equivalence.sh): %s" % (
@@ -130,13 +139,26 @@ def markdown(doc):
     if over:
         lines += ["", "P/D overhead = config mean TTFT - prefill_only mean TTFT (P alone, max_tokens=1; "
                       "same input length and state):"] + over
-    kv = ["- %d tokens, %s: %s descriptors, %s ms" % (r["input_len"], r["config"],
-                                                      _f(r["avg_descriptors_per_transfer"], "%.1f"),
-                                                      _f(r["avg_xfer_ms"], "%.1f"))
-          for r in rows(doc) if r["avg_descriptors_per_transfer"] is not None or r["avg_xfer_ms"] is not None]
+    kv = []
+    for r in rows(doc):
+        if r["avg_descriptors_per_transfer"] is None and r["avg_xfer_ms"] is None:
+            continue
+        w = wire_ms_for(wire, r["avg_mb_per_transfer"])
+        kv.append("- %d tokens, %s: %s descriptors, %s ms%s" % (
+            r["input_len"], r["config"], _f(r["avg_descriptors_per_transfer"], "%.1f"),
+            _f(r["avg_xfer_ms"], "%.1f"),
+            "" if w is None or not r["avg_xfer_ms"] else
+            " (wire for its %.0f MiB: %.1f ms; xfer = %.1f× the wire)" % (
+                r["avg_mb_per_transfer"], w, r["avg_xfer_ms"] / w)))
     if kv:
         lines += ["", "D's KV metrics per transfer (mean over repetitions of vLLM's averages: descriptors "
                       "NIXL moved, xfer time):"] + kv
+    if wire:
+        lines += ["", "Wire (experiments/wire_copy.py): %.2f GiB %s in %.2f ms median (%.2f–%.2f over %d copies), "
+                      "%.0f GB/s; wire times above are scaled linearly from it." % (
+                          wire["bytes"] / 2 ** 30, " → ".join(wire.get("gpus") or ["GPU0", "GPU1"]),
+                          wire["median_ms"], wire.get("min_ms", wire["median_ms"]),
+                          wire.get("max_ms", wire["median_ms"]), wire.get("reps", 0), wire.get("gb_s", 0))]
     notes = ["", "mean TTFT: per repetition, `vllm bench serve`'s mean over its prompts; mean ± sample std "
              "and min–max over repetitions. stock/config > 1 means the config is faster than stock. "
              "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)."]
@@ -188,13 +210,14 @@ def main(argv=None):
     ap.add_argument("--md", help="markdown output (default: RESULTS.md next to the first file)")
     ap.add_argument("--png", help="plot output (default: RESULTS.png next to the first file)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--wire", help="wire_copy.py's JSON: the timed GPU0->GPU1 copy, printed next to the xfer times")
     a = ap.parse_args(argv)
     import json
 
     docs = [json.load(open(p)) for p in a.results]
     doc = pdtools.merge_results(docs) if len(docs) > 1 else docs[0]
     stem = os.path.splitext(a.results[0])[0]
-    md = markdown(doc)
+    md = markdown(doc, json.load(open(a.wire)) if a.wire else None)
     md_path = a.md or stem + ".md"
     with open(md_path, "w") as f:
         f.write(md)

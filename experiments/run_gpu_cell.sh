@@ -105,7 +105,10 @@ for step in "$@"; do
     bench)
       require_staged
       bash "$HERE/pd_bench.sh"
-      for f in "$RESULT_DIR"/20*.json; do if [ -f "$f" ]; then python3 "$HERE/report.py" "$f" > /dev/null || true; fi; done ;;
+      wire=$(ls "$RESULT_DIR"/wire-*.json 2>/dev/null | tail -n 1)  # the wire step's copy, if it ran
+      for f in "$RESULT_DIR"/20*.json; do
+        if [ -f "$f" ]; then python3 "$HERE/report.py" "$f" ${wire:+--wire "$wire"} > /dev/null || true; fi
+      done ;;
     wire)  # the image's torch is enough for a copy; no vLLM needed
       python3 "$HERE/wire_copy.py" --out "$RESULT_DIR/wire-$(date +%F).json" ;;
     *) echo "unknown step '$step' (stage setup check status model equivalence bench wire)"; exit 2 ;;

@@ -115,3 +115,23 @@ def test_prefill_only_overhead_and_fragmented_state_kept_apart(doc):
     assert rows[(10240, "shim [fragmented]")]["avg_descriptors_per_transfer"] == pytest.approx(320.0)
     md = report.markdown(merged)
     assert "- 10240 tokens, shim: 600 ms" in md and "stock/prefill_only" not in md
+
+
+def test_wire_time_printed_next_to_the_xfer_time(doc):
+    # a cell with D's xfer time; the wire copy moved 1.09 GiB (1120 MiB) in 3 ms
+    doc["cells"][0]["kv_xfer"] = {"avg_xfer_ms": [15.0, 18.0, 15.0], "avg_mb_per_transfer": [1120.0] * 3}
+    wire = {"bytes": 1120 * 2 ** 20, "median_ms": 3.0, "min_ms": 2.9, "max_ms": 3.1, "reps": 20, "gb_s": 391.0,
+            "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+    assert report.wire_ms_for(wire, 560.0) == pytest.approx(1.5)
+    assert report.wire_ms_for(None, 560.0) is None and report.wire_ms_for(wire, None) is None
+    md = report.markdown(doc, wire)
+    assert "- 10240 tokens, shim: 640.0 descriptors, 16.0 ms (wire for its 1120 MiB: 3.0 ms; xfer = 5.3× the wire)" in md
+    assert "in 3.00 ms median (2.90–3.10 over 20 copies), 391 GB/s" in md
+    # without the wire file: the same line, no wire figure
+    assert "- 10240 tokens, shim: 640.0 descriptors, 16.0 ms\n" in report.markdown(doc)
+
+
+def test_prefill_only_has_no_itl(doc):
+    alone = dict(_cell("prefill_only", 10240, [1500.0], 0), output_len=1)
+    rows = {r["config"]: r for r in report.rows({"cells": doc["cells"] + [alone]}) if r["input_len"] == 10240}
+    assert rows["prefill_only"]["itl"] is None and rows["shim"]["itl"]["mean"] == pytest.approx(20.0)
