@@ -22,6 +22,10 @@
 # requests come and go (vLLM frees a request's blocks in reverse order).  Cells record `state`,
 # `avg_descriptors_per_transfer` and `avg_xfer_ms` (D's KV metrics).
 #
+# Where P/D time goes: per repetition the proxy's /timings (pd_proxy.py) gives the mean time of
+# P's answer and of D's first byte after it; cells record them as proxy_prefill_ms and
+# proxy_decode_first_ms (report.py prints the split next to the P/D overhead).
+#
 # env: CONFIGS (default "stock shim native", plus native-v1 on 0.22-0.28; also shim-keep-order,
 #      prefill_only), BENCH_STATE, FRAG_PROMPTS, FRAG_LEN, FRAG_OUTPUT_LEN,
 #      INPUT_LENS="1024 10240", OUTPUT_LEN=16, REPS=3, WARMUP_PROMPTS=4,
@@ -118,7 +122,7 @@ for cfg in $CONFIGS; do
         { tail -n 30 "$WORK/bench-$cfg-$L-fragment.log" >&2; die "$EXIT_FAIL" "fragmenting load failed ($cfg, L=$L)"; }
       BENCH_OUT_LEN=$BENCH_OUT_LEN_SAVED
     fi
-    res_files=(); kv_files=()
+    res_files=(); kv_files=(); proxy_files=()
     for rep in $(seq 1 "$REPS"); do
       seed=$((1000 + rep))
       tag="$cfg-$L-$N-r$rep-$(date +%H%M%S)"
@@ -129,29 +133,31 @@ for cfg in $CONFIGS; do
           tail -n 30 "$WORK/bench-$tag.log" >&2
           log "ERROR: bench run $tag failed"; failed=1; continue
         fi
-        res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json")
+        res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json"); proxy_files+=("")
         continue
       fi
       off=$(kv_log_offset "$D_LOG")
       pdtools prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom0"
+      pdtools get "http://127.0.0.1:$PORT_PROXY/timings?reset=1" > /dev/null  # the split of this rep only
       if ! bench_run "$L" "$N" "$seed" "$res" "$WORK/bench-$tag.log"; then
         tail -n 30 "$WORK/bench-$tag.log" >&2
         log "ERROR: bench run $tag failed"; failed=1; continue
       fi
       grep -E "Mean TTFT|Median TTFT|P99 TTFT|Mean ITL|Total token throughput|Failed requests" \
         "$WORK/bench-$tag.log" | sed 's/^/    /' >&2 || true
+      pdtools get "http://127.0.0.1:$PORT_PROXY/timings?reset=1" > "$WORK/bench/$tag.proxy.json"
       wait_kv_lines "$D_LOG" "$off" || true
       pdtools prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom1"
       pdtools kv-run --log "$D_LOG" --offset "$off" \
         --prom-before "$WORK/bench/$tag.prom0" --prom-after "$WORK/bench/$tag.prom1" \
         --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" > "$WORK/bench/$tag.kv.json"
-      res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json")
+      res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json"); proxy_files+=("$WORK/bench/$tag.proxy.json")
     done
     [ ${#res_files[@]} -gt 0 ] || continue
     meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s", "state": "%s"}' \
       "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$(pdtools backend "${D_LOG:-$P_LOG}")" "$BENCH_STATE")
     pdtools bench-cell --out "$RESULT_JSON" --config "$cfg" --input-len "$L" \
-      --output-len "$BENCH_OUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" \
+      --output-len "$BENCH_OUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" --proxy "${proxy_files[@]}" \
       --commands "$COMMANDS_FILE" --bytes-per-block "$BYTES_PER_BLOCK" --vllm-version "$VLLM_VERSION" \
       --gpu "$GPU_SLUG" --equivalence "$EQ_JSON" --run-prefix "$(hostname)-$(date +%s)" --meta "$meta"
   done

@@ -12,6 +12,10 @@ For every request:
 
 Also: GET /v1/models (passed through to D, so `vllm bench serve` can find the model),
 GET /health (200 when both P and D answer /health), POST /v1/chat/completions (same flow).
+GET /timings: where each request's time went since the last reset (?reset=1 resets after
+reading): P's answer (the whole one-token prefill request) and D's first byte (from sending
+D the request to its first streamed chunk; its whole answer when not streamed), mean and
+median in ms -- the split of the P/D TTFT that pd_bench.sh records per repetition.
 
 usage: pd_proxy.py --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
 Needs aiohttp (in the GPU image).
@@ -19,6 +23,7 @@ Needs aiohttp (in the GPU image).
 
 import argparse
 import copy
+import statistics
 import itertools
 import json
 import logging
@@ -64,6 +69,16 @@ def decode_request(body, prefill_response):
     return req
 
 
+def timing_summary(split):
+    """Mean and median of P's answer and D's first byte (ms) over (p_ms, d_ms) pairs."""
+    out = {"n": len(split)}
+    for i, name in ((0, "prefill_ms"), (1, "decode_first_ms")):
+        xs = [x[i] for x in split]
+        out[name + "_mean"] = statistics.mean(xs) if xs else None
+        out[name + "_median"] = statistics.median(xs) if xs else None
+    return out
+
+
 class Proxy:
     def __init__(self, prefill, decode, timeout_s):
         self.prefill = prefill.rstrip("/")
@@ -72,6 +87,7 @@ class Proxy:
         self.session = None
         self.ids = itertools.count()
         self.stats = {"requests": 0, "errors": 0}
+        self.split = []  # (P's answer ms, D's first byte ms) per finished request since the reset
 
     async def start(self, app):
         self.session = aiohttp.ClientSession(timeout=self.timeout)
@@ -113,15 +129,28 @@ class Proxy:
         async with self.session.post(self.decode + path, json=d_body, headers=headers) as r:
             if not body.get("stream"):
                 text = await r.text()
+                if r.status == 200:
+                    self.split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
                 log.debug("%s prefill %.1f ms, total %.1f ms", rid, (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3)
                 return web.Response(status=r.status, text=text, content_type="application/json")
             resp = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
                 "Content-Type", "text/event-stream"), "Cache-Control": "no-cache"})
             await resp.prepare(request)
+            t_first = None
             async for chunk in r.content.iter_any():
+                if t_first is None:
+                    t_first = time.perf_counter()
                 await resp.write(chunk)
             await resp.write_eof()
+            if r.status == 200 and t_first is not None:
+                self.split.append(((t1 - t0) * 1e3, (t_first - t1) * 1e3))
             return resp
+
+    async def timings(self, request):
+        out = timing_summary(self.split)
+        if request.query.get("reset") in ("1", "true"):
+            self.split = []
+        return web.json_response(out)
 
     async def models(self, request):
         async with self.session.get(self.decode + "/v1/models") as r:
@@ -149,6 +178,7 @@ def make_app(prefill, decode, timeout_s=3600):
     app.router.add_post("/v1/chat/completions", proxy.handle)
     app.router.add_get("/v1/models", proxy.models)
     app.router.add_get("/health", proxy.health)
+    app.router.add_get("/timings", proxy.timings)
     return app
 
 

@@ -64,6 +64,8 @@ def rows(doc):
             "avg_descriptors_per_transfer": _mean(c.get("descriptors_per_transfer")),
             "avg_xfer_ms": _mean((c.get("kv_xfer") or {}).get("avg_xfer_ms")),
             "avg_mb_per_transfer": _mean((c.get("kv_xfer") or {}).get("avg_mb_per_transfer")),
+            "proxy_prefill_ms": _mean(c.get("proxy_prefill_ms")),
+            "proxy_decode_first_ms": _mean(c.get("proxy_decode_first_ms")),
             "ttft": s,
             "median_ttft": stats(c.get("median_ttft_ms")),
             "p99_ttft": stats(c.get("p99_ttft_ms")),
@@ -139,6 +141,12 @@ def markdown(doc, wire=None):
     if over:
         lines += ["", "P/D overhead = config mean TTFT - prefill_only mean TTFT (P alone, max_tokens=1; "
                       "same input length and state):"] + over
+    split = ["- %d tokens, %s: P's answer %s ms, then D's first byte %s ms" % (
+        r["input_len"], r["config"], _f(r["proxy_prefill_ms"]), _f(r["proxy_decode_first_ms"]))
+        for r in rows(doc) if r["proxy_prefill_ms"] is not None]
+    if split:
+        lines += ["", "Where the P/D TTFT goes (pd_proxy.py's /timings, mean over requests and repetitions; "
+                      "P's answer = the whole one-token prefill request, to compare with prefill_only's TTFT):"] + split
     kv = []
     for r in rows(doc):
         if r["avg_descriptors_per_transfer"] is None and r["avg_xfer_ms"] is None:

@@ -8,6 +8,7 @@ Sub-commands:
   kvstats         aggregate vLLM's "KV Transfer metrics: ..." log lines (optionally from a byte offset)
   kv-run          KV numbers of one run: Prometheus deltas, else the log lines after an offset
   prom            scrape a Prometheus /metrics endpoint into a small JSON of the NIXL counters
+  get             print a URL's body (JSON endpoints such as the proxy's /timings); "null" if it fails
   bench-cell      turn `vllm bench serve` result files + KV stats into one results cell
   merge           merge results JSON files (cells of the same key gain repetitions, idempotently)
   block-bytes     bytes of one KV block (all layers, K and V) for a model directory
@@ -108,6 +109,14 @@ def cmd_prom(a):
         print("prom scrape failed: %s" % e, file=sys.stderr)
 
 
+def cmd_get(a):
+    try:
+        print(http_text(a.url, timeout=10.0))
+    except Exception as e:  # the caller treats null as "not available"
+        print("null")
+        print("GET %s failed: %s" % (a.url, e), file=sys.stderr)
+
+
 def cmd_bench_cell(a):
     runs, kvs = [], []
     for i, path in enumerate(a.results):
@@ -117,8 +126,11 @@ def cmd_bench_cell(a):
     for path in a.kv:
         kvs.append(json.load(open(path)) if os.path.exists(path) else None)
     kvs += [None] * (len(runs) - len(kvs))
+    proxies = [_load_json(p) for p in a.proxy]
+    proxies += [None] * (len(runs) - len(proxies))
     commands = [l.rstrip("\n") for l in open(a.commands)] if a.commands else []
-    cell = cell_from_runs(a.config, a.input_len, a.output_len, a.num_prompts, runs, kvs, commands, a.bytes_per_block)
+    cell = cell_from_runs(a.config, a.input_len, a.output_len, a.num_prompts, runs, kvs, commands, a.bytes_per_block,
+                          proxies)
     if a.meta:
         cell.update(json.loads(a.meta))
     doc = {"vllm_version": a.vllm_version, "gpu": a.gpu, "equivalence_pass": None, "cells": [cell],
@@ -227,6 +239,9 @@ def main(argv=None):
     s = sub.add_parser("prom")
     s.add_argument("url")
 
+    s = sub.add_parser("get")
+    s.add_argument("url")
+
     s = sub.add_parser("kv-run")
     s.add_argument("--log")
     s.add_argument("--offset", type=int, default=0)
@@ -245,6 +260,7 @@ def main(argv=None):
     s.add_argument("--num-prompts", type=int, required=True)
     s.add_argument("--results", nargs="+", required=True)
     s.add_argument("--kv", nargs="*", default=[])
+    s.add_argument("--proxy", nargs="*", default=[], help="the proxy's /timings per repetition (JSON files)")
     s.add_argument("--commands")
     s.add_argument("--bytes-per-block", type=int, default=0)
     s.add_argument("--vllm-version", default=None)
@@ -285,6 +301,8 @@ def main(argv=None):
         cmd_kvstats(a)
     elif a.cmd == "prom":
         cmd_prom(a)
+    elif a.cmd == "get":
+        cmd_get(a)
     elif a.cmd == "kv-run":
         cmd_kv_run(a)
     elif a.cmd == "bench-cell":

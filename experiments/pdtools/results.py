@@ -9,7 +9,8 @@ from .kvmetrics import kv_summary
 
 CELL_KEY = ("config", "input_len", "output_len", "num_prompts", "state")
 PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "total_tok_s",
-           "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps")
+           "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps",
+           "proxy_prefill_ms", "proxy_decode_first_ms")
 
 
 def _median(xs):
@@ -17,15 +18,20 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, commands, bytes_per_block):
-    """One results cell from per-repetition bench results and KV stats."""
+def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, commands, bytes_per_block, proxies=None):
+    """One results cell from per-repetition bench results, KV stats and the proxy's split of
+    each repetition's time (pd_proxy.py /timings: mean ms of P's answer and of D's first byte)."""
     cell = {"config": config, "input_len": input_len, "output_len": output_len, "num_prompts": num_prompts,
             "kv_xfer": {"num_transfers": [], "avg_xfer_ms": [], "avg_mb_per_transfer": [],
                         "blocks_per_transfer": [], "throughput_mb_s": [], "source": []},
             "commands": list(commands)}
     for k in PER_REP:
         cell[k] = []
+    proxies = list(proxies or []) + [None] * len(runs)
     for i, (r, kv) in enumerate(zip(runs, kvs)):
+        px = proxies[i] or {}
+        cell["proxy_prefill_ms"].append(px.get("prefill_ms_mean"))
+        cell["proxy_decode_first_ms"].append(px.get("decode_first_ms_mean"))
         cell["run_ids"].append(r.get("_run_id") or "%s-%d" % (r.get("date", time.strftime("%Y%m%d-%H%M%S")), i))
         cell["mean_ttft_ms"].append(r.get("mean_ttft_ms"))
         cell["median_ttft_ms"].append(r.get("median_ttft_ms"))
@@ -56,6 +62,9 @@ def _finish_cell(cell):
     xfer = [x for x in (cell.get("kv_xfer") or {}).get("avg_xfer_ms", []) if x is not None]
     cell["avg_descriptors_per_transfer"] = statistics.mean(dpt) if dpt else None
     cell["avg_xfer_ms"] = statistics.mean(xfer) if xfer else None
+    for k in ("proxy_prefill_ms", "proxy_decode_first_ms"):
+        xs = [x for x in cell.get(k, []) if x is not None]
+        cell["avg_" + k] = statistics.mean(xs) if xs else None
     return cell
 
 

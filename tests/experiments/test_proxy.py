@@ -143,3 +143,50 @@ def test_proxy_passes_prefill_errors_through():
             await rd.cleanup()
 
     asyncio.run(main())
+
+
+def test_proxy_timings_split_p_and_d():
+    """/timings: P's answer and D's first streamed byte, per request, reset on request."""
+    async def slow(name, delay, first_delay):
+        async def completions(request):
+            body = await request.json()
+            await asyncio.sleep(delay)
+            if name == "P":
+                return web.json_response({"choices": [{"text": "w9"}], "kv_transfer_params": P_KV})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b'data: {"choices": [{"text": " w1"}]}\n\n')
+            await asyncio.sleep(first_delay)  # later chunks do not count
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        return app
+
+    async def main():
+        rp, p_url = await _serve(await slow("P", 0.15, 0))
+        rd, d_url = await _serve(await slow("D", 0.05, 0.3))
+        rx, x_url = await _serve(pd_proxy.make_app(p_url, d_url))
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(x_url + "/timings") as r:
+                    assert (await r.json()) == {"n": 0, "prefill_ms_mean": None, "prefill_ms_median": None,
+                                                "decode_first_ms_mean": None, "decode_first_ms_median": None}
+                body = {"model": "m", "prompt": "w5", "max_tokens": 4, "stream": True}
+                for _ in range(2):
+                    async with s.post(x_url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        await r.read()
+                async with s.get(x_url + "/timings?reset=1") as r:
+                    t = await r.json()
+                assert t["n"] == 2
+                assert 150 <= t["prefill_ms_mean"] < 290, t
+                assert 50 <= t["decode_first_ms_mean"] < 290, t  # the first chunk, not the 300 ms stream
+                async with s.get(x_url + "/timings") as r:
+                    assert (await r.json())["n"] == 0  # reset
+        finally:
+            await rx.cleanup()
+            await rp.cleanup()
+            await rd.cleanup()
+
+    asyncio.run(main())

@@ -135,3 +135,22 @@ def test_prefill_only_has_no_itl(doc):
     alone = dict(_cell("prefill_only", 10240, [1500.0], 0), output_len=1)
     rows = {r["config"]: r for r in report.rows({"cells": doc["cells"] + [alone]}) if r["input_len"] == 10240}
     assert rows["prefill_only"]["itl"] is None and rows["shim"]["itl"]["mean"] == pytest.approx(20.0)
+
+
+def test_proxy_split_of_the_ttft(doc):
+    runs = [{"_run_id": "s-%d" % i, "mean_ttft_ms": 1800.0, "completed": 64, "failed": 0} for i in range(2)]
+    px = [{"n": 64, "prefill_ms_mean": 1600.0, "decode_first_ms_mean": 190.0},
+          {"n": 64, "prefill_ms_mean": 1620.0, "decode_first_ms_mean": 210.0}]
+    cell = pdtools.cell_from_runs("shim", 10240, 16, 64, runs, [None, None], [], QWEN3_BLOCK, px)
+    assert cell["proxy_prefill_ms"] == [1600.0, 1620.0] and cell["avg_proxy_decode_first_ms"] == pytest.approx(200.0)
+    # a repetition without the proxy's numbers (an older proxy, a failed GET) stays None
+    cell2 = pdtools.cell_from_runs("stock", 10240, 16, 64, runs, [None, None], [], QWEN3_BLOCK, [px[0], None])
+    assert cell2["proxy_decode_first_ms"] == [190.0, None] and cell2["avg_proxy_decode_first_ms"] == 190.0
+    md = report.markdown({"cells": [cell, cell2]})
+    assert "- 10240 tokens, shim: P's answer 1610 ms, then D's first byte 200 ms" in md
+    # merging keeps the split per repetition
+    more = pdtools.cell_from_runs("shim", 10240, 16, 64, [dict(runs[0], _run_id="s-9")], [None], [], QWEN3_BLOCK,
+                                  [{"prefill_ms_mean": 1700.0, "decode_first_ms_mean": 300.0}])
+    merged = pdtools.merge_results([{"cells": [cell]}, {"cells": [more]}])["cells"][0]
+    assert merged["proxy_decode_first_ms"] == [190.0, 210.0, 300.0]
+    assert merged["avg_proxy_decode_first_ms"] == pytest.approx(700.0 / 3)

@@ -335,10 +335,15 @@ def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
     assert alone["output_len"] == 1 and stock["output_len"] == 16
     assert alone["kv_xfer"]["num_transfers"] == [None]  # P alone: nothing moved, nothing counted
     assert stock["kv_xfer"]["num_transfers"] == [4]  # the measured prompts only, not the fragmenting load
+    # the proxy's split of each repetition: 4 requests, P's answer and D's first byte
+    assert alone["proxy_prefill_ms"] == [None]
+    assert len(stock["proxy_prefill_ms"]) == 1 and stock["proxy_prefill_ms"][0] > 0
+    assert stock["proxy_decode_first_ms"][0] > 0
     cmds = " ".join(alone["commands"])
     assert "--base-url http://127.0.0.1:%s" % e["PORT_P"] in cmds and "D[" not in cmds
     md = open(str(res)[:-5] + ".md").read()
     assert "P/D overhead" in md and "stock [fragmented]" in md
+    assert "Where the P/D TTFT goes" in md and "stock [fragmented]: P's answer" in md
 
 
 def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
