@@ -22,7 +22,11 @@ length (BENCH_STATE=fragmented), then REPS x N prompts of LEN tokens, all at onc
 
 Output (JSON, --out): per policy and phase, descriptors per transfer of the measured requests
 in vLLM's order, in transfer_order's order, and the distinct block runs on each side.
-usage: python alloc_order_sim.py [--blocks 23596] [--out FILE]   (needs vLLM importable)
+usage: python alloc_order_sim.py [--blocks 23596] [--no-cache D|P|PD] [--out FILE]   (needs vLLM)
+
+--no-cache: whether a side's freed blocks carry prefix-cache hashes decides where vLLM puts them
+(tail when hashed, head when not) and so how fast the free queue fragments; the real servers lie
+between the two, so both are worth a run.
 """
 
 import argparse
@@ -49,7 +53,7 @@ def runs(ids):
 class Side:
     """One instance's block pool (vLLM's own) and the block lists of its requests."""
 
-    def __init__(self, name, num_blocks, sort_alloc):
+    def __init__(self, name, num_blocks, sort_alloc, cache=True):
         import inspect
         from vllm.v1.core.block_pool import BlockPool
         self.name = name
@@ -58,6 +62,7 @@ class Side:
             kw["hash_block_size"] = BLOCK
         self.pool = BlockPool(**kw)
         self.sort_alloc = sort_alloc
+        self.cache = cache  # False: freed blocks carry no hash (vLLM puts them at the queue's head)
         self.blocks = {}  # request id -> [KVCacheBlock] in logical order
 
     def free_count(self):
@@ -81,7 +86,7 @@ class Side:
         """Cache the full blocks (a unique hash each: random prompts never share a prefix), then
         free in reverse order as vLLM's managers do."""
         blocks = self.blocks.pop(rid)
-        for i, b in enumerate(blocks[: num_tokens // BLOCK]):
+        for i, b in enumerate(blocks[: num_tokens // BLOCK] if self.cache else ()):
             if b.block_hash is None:
                 h = ("%s-%s-%d" % (tag, rid, i)).encode()
                 if hasattr(b, "set_block_hash"):
@@ -169,7 +174,8 @@ def run_phase(P, D, lens, budget, out_len, measure, tag):
 
 def simulate(a, sort_alloc):
     rng = random.Random(a.seed)
-    P, D = Side("P", a.blocks, sort_alloc), Side("D", a.blocks, sort_alloc)
+    P = Side("P", a.blocks, sort_alloc, cache="P" not in a.no_cache)
+    D = Side("D", a.blocks, sort_alloc, cache="D" not in a.no_cache)
     phases = []
     run_phase(P, D, [a.len] * a.warmup, a.budget, a.output_len, False, "warm")
     if a.frag:
@@ -196,6 +202,7 @@ def main(argv=None):
     ap.add_argument("--frag-len", type=int, default=2048)
     ap.add_argument("--frag-range", type=float, default=0.9)
     ap.add_argument("--frag-output-len", type=int, default=16)
+    ap.add_argument("--no-cache", default="", help="sides (P, D, PD) whose freed blocks carry no prefix-cache hash")
     ap.add_argument("--seed", type=int, default=77)
     ap.add_argument("--out")
     a = ap.parse_args(argv)
