@@ -52,6 +52,11 @@
 #      their run and probe files join this call's summary, so one summary can span calls
 #      that each stay under a device call's time limit),
 #      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=auto|1|0,
+#      EQ_FRAGMENT=0 (N > 0: after every pair (re)start, N requests of mixed length around
+#      FRAG_LEN=2048 tokens go through the proxy at once (`vllm bench serve`, FRAG_OUTPUT_LEN=16)
+#      before the checked prompts, so their KV blocks come from a churned free queue and the
+#      shim's descriptor ordering permutes many pairs: the equivalence of issue 14's lever on
+#      scattered blocks),
 #      plus everything lib.sh reads.
 # exit: 0 pass, 1 fail, 2 set-up problem, 3 no GPU (CPU checks only), 4 release unsupported.
 set -euo pipefail
@@ -70,6 +75,23 @@ PROBE_LEN=${PROBE_LEN:-1600}
 EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
 SERVE_EXTRA_ARGS="${EQ_SERVE_ARGS---no-enable-prefix-caching} $SERVE_EXTRA_ARGS"
 EQ_BATCH_INVARIANT=${EQ_BATCH_INVARIANT:-auto}
+EQ_FRAGMENT=${EQ_FRAGMENT:-0}
+FRAG_LEN=${FRAG_LEN:-2048}
+FRAG_OUTPUT_LEN=${FRAG_OUTPUT_LEN:-16}
+
+# fragment TAG: the churning load of EQ_FRAGMENT requests through the proxy (nothing if 0)
+fragment() {
+  [ "$EQ_FRAGMENT" -gt 0 ] || return 0
+  log "$1: fragmenting the free block queues: $EQ_FRAGMENT prompts of mixed lengths around $FRAG_LEN"
+  local -a cmd=("$PY" -m vllm.entrypoints.cli.main bench serve --backend vllm --model "$MODEL"
+    --tokenizer "$MODEL" --base-url "http://127.0.0.1:$PORT_PROXY" --endpoint /v1/completions
+    --dataset-name random --random-input-len "$FRAG_LEN" --random-output-len "$FRAG_OUTPUT_LEN"
+    --random-range-ratio 0.9 --num-prompts "$EQ_FRAGMENT" --seed 77 --ignore-eos)
+  echo "fragment: ${cmd[*]}" >> "$COMMANDS_FILE"
+  timeout 900 "${cmd[@]}" > "$WORK/eq-fragment-$1.log" 2>&1 ||
+    { tail -n 30 "$WORK/eq-fragment-$1.log" >&2; die "$EXIT_FAIL" "fragmenting load failed ($1)"; }
+  grep -E "Successful requests|Failed requests" "$WORK/eq-fragment-$1.log" | sed 's/^/    /' >&2 || true
+}
 case "$EQ_BATCH_INVARIANT" in auto|0|1) ;;
   *) echo "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
 esac
@@ -141,6 +163,7 @@ for cfg in "${run_configs[@]}"; do
   log "=== $cfg ==="
   if [ -n "$running" ] && [ "$cfg" = "nc-$running" ]; then restart_decode "$cfg" "eq-$cfg"
   else stop_all; start_pair "$cfg" "eq-$cfg"; fi
+  fragment "$cfg"
   running=""
   case "$cfg" in
     nc-*)  # negative control: only P/D, through a D that corrupts what it received
@@ -186,10 +209,10 @@ for cfg in ${EQ_INCLUDE:-}; do  # runs of an earlier call (same WORK)
   log "included from an earlier call: $cfg"
 done
 
-meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "date": "%s"}' \
+meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "fragment_prompts": %d, "date": "%s"}' \
   "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
   "$(echo $SERVE_EXTRA_ARGS)" "$([ "$EQ_BATCH_INVARIANT" = 1 ] && echo true || echo false)" "$EQ_LOGPROBS" \
-  "$EQ_NEGATIVE_CONTROL${EQ_INCLUDE:+ (included: $EQ_INCLUDE)}" "$(date -u +%FT%TZ)")
+  "$EQ_NEGATIVE_CONTROL${EQ_INCLUDE:+ (included: $EQ_INCLUDE)}" "$EQ_FRAGMENT" "$(date -u +%FT%TZ)")
 rc=0
 corruption=""
 if [ ${#nc_configs[@]} -gt 0 ] || [[ " ${EQ_INCLUDE:-} " == *" nc-"* ]]; then

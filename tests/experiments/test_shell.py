@@ -206,6 +206,25 @@ aiohttp_needed = pytest.mark.skipif(subprocess.run([sys.executable, "-c", "impor
 
 
 @aiohttp_needed
+def test_equivalence_after_a_fragmenting_load_with_fake_vllm(tmp_path):
+    """EQ_FRAGMENT: the churning load goes through the proxy after every pair start, before
+    the checked prompts (negative control's restarted D included), and the summary says so."""
+    e = _env(tmp_path, EQ_CONFIGS="shim", EQ_LENGTHS="5,100", EQ_FRAGMENT="6", FRAG_LEN="40",
+             EQ_NEGATIVE_CONTROL="shim", EQ_JSON=str(tmp_path / "eq.json"))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert s["fragment_prompts"] == 6
+    assert r.stderr.count("fragmenting the free block queues: 6 prompts") == 2, r.stderr[-3000:]
+    for cfg in ("shim", "nc-shim"):
+        log = (tmp_path / "work" / ("eq-fragment-%s.log" % cfg)).read_text()
+        assert "Successful requests: 6" in log, log[-1000:]  # all 6 went through the proxy
+    assert any(x["label"] == "pd:shim" for x in s["runs"]) and s["pass"] is not None
+    # without EQ_FRAGMENT nothing is sent before the checked prompts
+    assert "fragmenting" not in _lib("true").stderr
+
+
+@aiohttp_needed
 @pytest.mark.slow
 def test_equivalence_end_to_end_with_fake_vllm(tmp_path):
     e = _env(tmp_path, EQ_CONFIGS="stock shim", EQ_LENGTHS="5,100,4097", EQ_JSON=str(tmp_path / "eq.json"))
