@@ -126,8 +126,7 @@ def cmd_bench_cell(a):
     for path in a.kv:
         kvs.append(json.load(open(path)) if os.path.exists(path) else None)
     kvs += [None] * (len(runs) - len(kvs))
-    proxies = [_load_json(p) for p in a.proxy]
-    proxies += [None] * (len(runs) - len(proxies))
+    proxies = [_load_json(p) for p in a.proxy]  # cell_from_runs pads a short list with None
     commands = [l.rstrip("\n") for l in open(a.commands)] if a.commands else []
     cell = cell_from_runs(a.config, a.input_len, a.output_len, a.num_prompts, runs, kvs, commands, a.bytes_per_block,
                           proxies)
