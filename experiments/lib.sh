@@ -431,6 +431,21 @@ ensure_model() {
   export BYTES_PER_BLOCK
 }
 
+# fragmenting_load URL N OUT_LEN LOG: the churning load that fragments the free block queues
+# (pd_bench.sh BENCH_STATE=fragmented, pd_equivalence.sh EQ_FRAGMENT): N random prompts of
+# FRAG_LEN x [0.1, 1.9] tokens (seed 77), OUT_LEN output tokens each, all sent at once to URL.
+# The command goes to $COMMANDS_FILE; on failure the log's tail goes to stderr and it returns 1.
+fragmenting_load() {
+  local url=$1 n=$2 out_len=$3 logf=$4
+  local -a cmd=("$PY" -m vllm.entrypoints.cli.main bench serve --backend vllm --model "$MODEL"
+    --tokenizer "$MODEL" --base-url "$url" --endpoint /v1/completions
+    --dataset-name random --random-input-len "${FRAG_LEN:?}" --random-output-len "$out_len"
+    --random-range-ratio 0.9 --num-prompts "$n" --seed 77 --ignore-eos)
+  echo "fragment: ${cmd[*]}" >> "$COMMANDS_FILE"
+  timeout "${FRAG_TIMEOUT:-900}" "${cmd[@]}" > "$logf" 2>&1 || { tail -n 30 "$logf" >&2; return 1; }
+  grep -E "Successful requests|Failed requests" "$logf" | sed 's/^/    /' >&2 || true
+}
+
 # kv_log_offset FILE: byte size now (where the next run's metrics lines start).
 kv_log_offset() { stat -c %s "$1" 2>/dev/null || echo 0; }
 

@@ -117,10 +117,9 @@ for cfg in $CONFIGS; do
     fi
     if [ "$BENCH_STATE" = fragmented ]; then
       log "$cfg L=$L: fragmenting the free block queue: $FRAG_PROMPTS prompts of mixed lengths around $FRAG_LEN"
-      BENCH_OUT_LEN_SAVED=$BENCH_OUT_LEN; [ "$cfg" = prefill_only ] || BENCH_OUT_LEN=$FRAG_OUTPUT_LEN
-      bench_run "$FRAG_LEN" "$FRAG_PROMPTS" 77 "" "$WORK/bench-$cfg-$L-fragment.log" --random-range-ratio 0.9 ||
-        { tail -n 30 "$WORK/bench-$cfg-$L-fragment.log" >&2; die "$EXIT_FAIL" "fragmenting load failed ($cfg, L=$L)"; }
-      BENCH_OUT_LEN=$BENCH_OUT_LEN_SAVED
+      frag_out=$FRAG_OUTPUT_LEN; [ "$cfg" != prefill_only ] || frag_out=1
+      FRAG_TIMEOUT=$BENCH_TIMEOUT fragmenting_load "$BENCH_URL" "$FRAG_PROMPTS" "$frag_out" "$WORK/bench-$cfg-$L-fragment.log" ||
+        die "$EXIT_FAIL" "fragmenting load failed ($cfg, L=$L)"
     fi
     res_files=(); kv_files=(); proxy_files=()
     for rep in $(seq 1 "$REPS"); do

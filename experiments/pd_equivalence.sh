@@ -83,14 +83,8 @@ FRAG_OUTPUT_LEN=${FRAG_OUTPUT_LEN:-16}
 fragment() {
   [ "$EQ_FRAGMENT" -gt 0 ] || return 0
   log "$1: fragmenting the free block queues: $EQ_FRAGMENT prompts of mixed lengths around $FRAG_LEN"
-  local -a cmd=("$PY" -m vllm.entrypoints.cli.main bench serve --backend vllm --model "$MODEL"
-    --tokenizer "$MODEL" --base-url "http://127.0.0.1:$PORT_PROXY" --endpoint /v1/completions
-    --dataset-name random --random-input-len "$FRAG_LEN" --random-output-len "$FRAG_OUTPUT_LEN"
-    --random-range-ratio 0.9 --num-prompts "$EQ_FRAGMENT" --seed 77 --ignore-eos)
-  echo "fragment: ${cmd[*]}" >> "$COMMANDS_FILE"
-  timeout 900 "${cmd[@]}" > "$WORK/eq-fragment-$1.log" 2>&1 ||
-    { tail -n 30 "$WORK/eq-fragment-$1.log" >&2; die "$EXIT_FAIL" "fragmenting load failed ($1)"; }
-  grep -E "Successful requests|Failed requests" "$WORK/eq-fragment-$1.log" | sed 's/^/    /' >&2 || true
+  fragmenting_load "http://127.0.0.1:$PORT_PROXY" "$EQ_FRAGMENT" "$FRAG_OUTPUT_LEN" "$WORK/eq-fragment-$1.log" ||
+    die "$EXIT_FAIL" "fragmenting load failed ($1)"
 }
 case "$EQ_BATCH_INVARIANT" in auto|0|1) ;;
   *) echo "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
