@@ -18,6 +18,12 @@ mkdir -p "$OUTDIR"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   export EQ_JSON=${EQ_JSON:-$OUTDIR/equivalence.json}
   bash experiments/pd_equivalence.sh
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+  if [ "$ngpu" -lt 2 ] && [ "${BENCH_ALLOW_SHARED_GPU:-0}" != 1 ]; then
+    echo "only $ngpu GPU on this machine: the equivalence ran (P and D sharing it); the TTFT benchmark"
+    echo "needs two GPUs (P and D on one GPU would time UCX's same-GPU path, 0.1-0.3 GB/s) and is skipped."
+    exit 0
+  fi
   bash experiments/pd_bench.sh
   exit 0
 fi

@@ -31,7 +31,8 @@
 #      INPUT_LENS="1024 10240", OUTPUT_LEN=16, REPS=3, WARMUP_PROMPTS=4,
 #      NUM_PROMPTS (for every length; default 128 up to 2048 tokens, 64 above),
 #      EQ_JSON (equivalence summary of this machine/release, for equivalence_pass),
-#      BENCH_TIMEOUT=900 (seconds per bench run), BENCH_EXTRA_ARGS, MODEL, lib.sh's vars.
+#      BENCH_TIMEOUT=900 (seconds per bench run), BENCH_EXTRA_ARGS, MODEL, lib.sh's vars,
+#      BENCH_ALLOW_SHARED_GPU=1 (time P/D configs even when P and D must share a GPU; see below).
 # exit: 0 ok, 1 a bench run failed, 2 set-up, 3 no GPU, 4 shim does not support the release.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -57,6 +58,20 @@ ensure_model
 if [ -z "${CONFIGS:-}" ]; then
   CONFIGS="stock shim native"
   if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then CONFIGS+=" native-v1"; fi
+fi
+# P and D on one GPU: a P/D cell would time UCX's path between two processes on the same GPU,
+# not the connector.  Measured 2026-11-23 (vLLM 0.26.0, 1xH200, P and D at 0.25 memory each):
+# 1.12 GB transfers took 4-10 s alone and ~75 s under load (0.1-0.3 GB/s), mean TTFT 114 s
+# against 1.8 s on 2xH200 (experiments/results/logs-2026-11-23-s8).  So refuse before any
+# server starts; prefill_only (P alone) is fine.  BENCH_ALLOW_SHARED_GPU=1 runs it anyway.
+if [ "$NGPU" -lt $((TP_P + TP_D)) ] && [ "${BENCH_ALLOW_SHARED_GPU:-0}" != 1 ]; then
+  for cfg in $CONFIGS; do
+    [ "$cfg" = prefill_only ] && continue
+    die "$EXIT_SETUP" "config $cfg needs $((TP_P + TP_D)) GPUs (P: $TP_P, D: $TP_D) and this machine has $NGPU: \
+P and D would share a GPU, and UCX moves KV between two processes on one GPU at 0.1-0.3 GB/s, so the \
+TTFT would measure that path, not the connector. Run on a machine with $((TP_P + TP_D)) GPUs (e.g. \
+nvidia-h200-x2), use CONFIGS=prefill_only, or set BENCH_ALLOW_SHARED_GPU=1 to time it anyway."
+  done
 fi
 RESULT_JSON=${RESULT_JSON:-${RESULT_DIR:-$EXP_DIR/results}/$(date +%F)-$VLLM_VERSION-$GPU_SLUG.json}
 mkdir -p "$(dirname "$RESULT_JSON")" "$WORK/bench"

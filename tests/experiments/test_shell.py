@@ -363,6 +363,26 @@ def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
     assert "Where the P/D TTFT goes" in md and "stock [fragmented]: P's answer" in md
 
 
+def test_bench_refuses_pd_configs_when_p_and_d_would_share_one_gpu(tmp_path):
+    """One GPU: P/D TTFT would time UCX's same-GPU path (0.1-0.3 GB/s measured), so pd_bench
+    refuses before starting anything; prefill_only (P alone) still runs."""
+    pytest.importorskip("aiohttp", reason="the fake vLLM needs it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, FAKE_NGPU="1", CONFIGS="prefill_only shim", INPUT_LENS="64", NUM_PROMPTS="2",
+             REPS="1", WARMUP_PROMPTS="0", RESULT_JSON=str(res))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "config shim needs 2 GPUs" in r.stderr and "BENCH_ALLOW_SHARED_GPU=1" in r.stderr
+    assert "start P[" not in r.stderr and not res.exists()  # refused before any server started
+    e["CONFIGS"] = "prefill_only"
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [c["config"] for c in json.loads(res.read_text())["cells"]] == ["prefill_only"]
+    assert json.loads(res.read_text())["gpu"] == "1xH200"
+
+
 def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
     """`timeout` signals the whole process group, tee included; the trap must still copy the
     console and the log extracts into $OUT (a device call returns only what is there)."""
