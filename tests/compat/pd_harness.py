@@ -148,6 +148,11 @@ class _LogCapture:
 
         class H(logging.Handler):
             def emit(self, record):
+                # one handler on "vllm" and on the root: a record that propagates from one
+                # to the other (vLLM >= 0.33 leaves "vllm" propagating) is kept once
+                if getattr(record, "_xlkv_captured", False):
+                    return
+                record._xlkv_captured = True
                 try:
                     msg = record.getMessage()
                 except Exception:
@@ -159,6 +164,12 @@ class _LogCapture:
         self.handler = H(level=logging.INFO)
         for name in ("vllm", ""):
             logging.getLogger(name).addHandler(self.handler)
+        # vLLM >= 0.33 configures its loggers only when a server or engine applies its
+        # LoggingConfig, never at import: the "vllm" logger then inherits the root's WARNING
+        # and drops the shim's INFO lines before any handler sees them (xlkv_log was empty).
+        vllm_logger = logging.getLogger("vllm")
+        if vllm_logger.getEffectiveLevel() > logging.INFO:
+            vllm_logger.setLevel(logging.INFO)
 
     def errors(self):
         return [f"{lvl} {name}: {msg}"[:2000] for lvl, name, msg in self.records

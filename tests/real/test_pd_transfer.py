@@ -37,6 +37,12 @@ def test_xlkv_transfer_is_cross_layer_and_byte_identical(vllm_env, stock, xlkv):
         assert case["xfer_descs_per_block"] == xlkv["descs_per_block"], (name, case)
     # same bytes per block moved either way
     assert xlkv["block_len"] * xlkv["num_regions"] == stock["block_len"] * stock["num_regions"]
+    # both sides said what they did in vLLM's log (captured from vLLM's logger tree; on 0.33
+    # the capture was empty until the harness set the "vllm" logger's level itself)
+    for side in ("p", "d"):
+        said = json.dumps(xlkv[side]["xlkv_log"])
+        assert "NIXL registration: 1 region(s), 40 blocks, cross-layer layout" in said, (side, said[-2000:])
+        assert "list their descriptor pairs in ascending local order" in said, (side, said[-2000:])
 
 
 def test_flag_on_decode_only_is_refused_with_the_cause(vllm_env, tmp_path):
