@@ -383,6 +383,19 @@ def test_bench_refuses_pd_configs_when_p_and_d_would_share_one_gpu(tmp_path):
     assert json.loads(res.read_text())["gpu"] == "1xH200"
 
 
+def test_main_job_on_one_gpu_runs_the_equivalence_and_skips_the_benchmark_saying_why(tmp_path):
+    pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
+    e = _env(tmp_path, FAKE_NGPU="1", EQ_CONFIGS="stock shim", EQ_LENGTHS="5,100",
+             XLKV_MAIN_OUT=str(tmp_path / "main"), CONFIGS="shim")
+    r = subprocess.run(["bash", os.path.join(EXP, "main.sh")], capture_output=True, text=True, env=e,
+                       timeout=600, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "main" / "equivalence.json").read_text())
+    assert s["pass"] and s["gpu"] == "1xH200"
+    assert "the TTFT benchmark" in r.stdout and "is skipped" in r.stdout
+    assert "=== shim (fresh) ===" not in r.stderr  # pd_bench.sh never started a pair
+
+
 def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
     """`timeout` signals the whole process group, tee included; the trap must still copy the
     console and the log extracts into $OUT (a device call returns only what is there)."""
