@@ -152,6 +152,21 @@ assign_gpus() {
   log "GPU split: P on [$P_GPUS] (TP $TP_P), D on [$D_GPUS] (TP $TP_D), memory utilization $MEM_UTIL$( [ "$SHARED_GPU" = 1 ] && echo ', shared GPU')"
 }
 
+# bench_gpus_ok: 0 when P and D get their own GPUs (NGPU >= TP_P + TP_D; detect_gpus first) or
+# BENCH_ALLOW_SHARED_GPU=1; otherwise prints why a P/D TTFT would mean nothing and returns 1.
+# P and D on one GPU time UCX's path between two processes on the same GPU, not the connector.
+# Measured 2026-11-23 (vLLM 0.26.0, 1xH200, P and D at 0.25 memory each): 1.12 GB transfers
+# took 4-10 s alone and ~75 s under load (0.1-0.3 GB/s), mean TTFT 114 s against 1.8 s on
+# 2xH200 (experiments/results/logs-2026-11-23-s8).
+bench_gpus_ok() {
+  local need=$((TP_P + TP_D))
+  if [ "$NGPU" -ge "$need" ] || [ "${BENCH_ALLOW_SHARED_GPU:-0}" = 1 ]; then return 0; fi
+  echo "needs $need GPUs (P: $TP_P, D: $TP_D) and this machine has $NGPU: P and D would share a GPU, \
+and UCX moves KV between two processes on one GPU at 0.1-0.3 GB/s, so the TTFT would measure that \
+path, not the connector"
+  return 1
+}
+
 # ---------------------------------------------------------------- ports -----------------------
 port_in_use() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

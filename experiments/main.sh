@@ -18,10 +18,10 @@ mkdir -p "$OUTDIR"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   export EQ_JSON=${EQ_JSON:-$OUTDIR/equivalence.json}
   bash experiments/pd_equivalence.sh
-  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
-  if [ "$ngpu" -lt 2 ] && [ "${BENCH_ALLOW_SHARED_GPU:-0}" != 1 ]; then
-    echo "only $ngpu GPU on this machine: the equivalence ran (P and D sharing it); the TTFT benchmark"
-    echo "needs two GPUs (P and D on one GPU would time UCX's same-GPU path, 0.1-0.3 GB/s) and is skipped."
+  # pd_bench.sh's own rule (lib.sh bench_gpus_ok): skip the benchmark, saying why, where it would refuse
+  if ! why=$(source experiments/lib.sh && detect_gpus && bench_gpus_ok); then
+    echo "the TTFT benchmark is skipped: P/D $why. The equivalence above ran with P and D sharing"
+    echo "the GPU; run this on a machine with a GPU each for P and D for the benchmark."
     exit 0
   fi
   bash experiments/pd_bench.sh

@@ -59,17 +59,12 @@ if [ -z "${CONFIGS:-}" ]; then
   CONFIGS="stock shim native"
   if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then CONFIGS+=" native-v1"; fi
 fi
-# P and D on one GPU: a P/D cell would time UCX's path between two processes on the same GPU,
-# not the connector.  Measured 2026-11-23 (vLLM 0.26.0, 1xH200, P and D at 0.25 memory each):
-# 1.12 GB transfers took 4-10 s alone and ~75 s under load (0.1-0.3 GB/s), mean TTFT 114 s
-# against 1.8 s on 2xH200 (experiments/results/logs-2026-11-23-s8).  So refuse before any
-# server starts; prefill_only (P alone) is fine.  BENCH_ALLOW_SHARED_GPU=1 runs it anyway.
-if [ "$NGPU" -lt $((TP_P + TP_D)) ] && [ "${BENCH_ALLOW_SHARED_GPU:-0}" != 1 ]; then
+# P/D configs on a shared GPU would time the wrong path (lib.sh bench_gpus_ok): refuse before any
+# server starts; prefill_only (P alone) is fine.  BENCH_ALLOW_SHARED_GPU=1 runs them anyway.
+if ! why=$(bench_gpus_ok); then
   for cfg in $CONFIGS; do
     [ "$cfg" = prefill_only ] && continue
-    die "$EXIT_SETUP" "config $cfg needs $((TP_P + TP_D)) GPUs (P: $TP_P, D: $TP_D) and this machine has $NGPU: \
-P and D would share a GPU, and UCX moves KV between two processes on one GPU at 0.1-0.3 GB/s, so the \
-TTFT would measure that path, not the connector. Run on a machine with $((TP_P + TP_D)) GPUs (e.g. \
+    die "$EXIT_SETUP" "config $cfg $why. Run on a machine with $((TP_P + TP_D)) GPUs (e.g. \
 nvidia-h200-x2), use CONFIGS=prefill_only, or set BENCH_ALLOW_SHARED_GPU=1 to time it anyway."
   done
 fi
