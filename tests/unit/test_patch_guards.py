@@ -33,6 +33,7 @@ def fresh_state(monkeypatch):
     """Each test starts with no remembered hashes or stock-layout reasons, facts re-read."""
     monkeypatch.setattr(_state, "KNOWN", {})
     monkeypatch.setattr(_state, "_stock_reasons", [])
+    monkeypatch.setattr(_state, "_preferred", [])
     facts.reset()
     yield
     facts.reset()
@@ -211,12 +212,23 @@ def test_block_counts_reconciled_before_registration(release):
     assert block_count.register_wrapper(original, w, ({"l0": _fa(96), "l1": _fa(96)},), {}) == "registered"
     assert seen["num_blocks"] == 96 and w._logical_num_blocks == 96
 
-    # xlkv kept the stock layout in this process (a fallback): the counts are vLLM's business, untouched
-    _state.note_stock_reason("a fallback")
-    w = worker(num_blocks=64, _logical_num_blocks=64, _physical_blocks_per_logical_kv_block=1, num_regions=8)
-    assert block_count.register_wrapper(original, w, ({"l0": _fa(96), "l1": _fa(96)},), {}) == "registered"
-    assert seen["num_blocks"] == 64 and w._logical_num_blocks == 64
+    # a per-layer registration (xlkv kept the stock layout, or decided nothing in this process):
+    # the counts are vLLM's business, untouched, even where they disagree
+    for reason in (None, "a fallback"):
+        if reason:
+            _state.note_stock_reason(reason)
+        w = worker(num_blocks=64, _logical_num_blocks=64, _physical_blocks_per_logical_kv_block=1, num_regions=8,
+                   _xlkv_cross_layer=False)
+        assert block_count.register_wrapper(original, w, ({"l0": _fa(96), "l1": _fa(96)},), {}) == "registered"
+        assert seen["num_blocks"] == 64 and w._logical_num_blocks == 64
+        assert block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(65)},), {}) == "registered"
     _state._stock_reasons.clear()
+    # 0.16-0.28: the one tensor the model runner registers after xlkv made the connector prefer
+    # cross-layer blocks in this process is checked (and reconciled)
+    _state.note_cross_layer_preferred()
+    w = worker(num_blocks=64, _logical_num_blocks=64, _physical_blocks_per_logical_kv_block=1, _xlkv_cross_layer=False)
+    assert block_count.register_wrapper(original, w, ({"all": _fa(96)},), {}) == "registered"
+    assert seen["num_blocks"] == 96
 
     w = worker(num_blocks=64)
     with pytest.raises(XlkvRegistrationError, match="disagree"):
@@ -242,6 +254,13 @@ def test_block_counts_reconciled_before_registration(release):
     assert seen["num_blocks"] == 128
     with pytest.raises(XlkvRegistrationError, match="disagree"):
         block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(63)},), {})
+    # a release that indexes every region by its own count (0.33: region_num_blocks) gets the
+    # regions as they are, under xlkv's layout too
+    w = worker(num_blocks=128, _physical_blocks_per_logical_kv_block=2, region_num_blocks=[])
+    assert block_count.register_wrapper(original, w, ({"l0": _fa(64), "l1": _fa(63)},), {}) == "registered"
+    # 0.29+ stock layout (MLA, HiSparse host pools...): no count check of xlkv's at all
+    w = worker(num_blocks=9, _xlkv_cross_layer=False, kv_cache_layout="LBHNC")
+    assert block_count.register_wrapper(original, w, ({"mla.device": _fa(9), "mla.host": _fa(4)},), {}) == "registered"
 
 
 def test_model_runner_forces_v1_only_when_it_should(monkeypatch):

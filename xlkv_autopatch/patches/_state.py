@@ -54,6 +54,22 @@ def stock_reasons():
         return list(_stock_reasons)
 
 
+#: set when xlkv answered "prefer cross-layer blocks" in this process (0.12-0.28): the model
+#: runner of this process then allocates one cross-layer tensor and registers it
+_preferred = []
+
+
+def note_cross_layer_preferred():
+    with _lock:
+        if not _preferred:
+            _preferred.append(True)
+
+
+def cross_layer_preferred():
+    with _lock:
+        return bool(_preferred)
+
+
 def mark_cross_layer(worker):
     """This worker registers xlkv's cross-layer tensor (0.12-0.15 redirect)."""
     setattr(worker, MARK, True)

@@ -10,15 +10,20 @@ Why
     mismatch discovered after metadata is published would make the two sides index
     different bytes.
 How
-    Before the original registration runs, the wrapper reads each region's block
-    dimension (K and V of FlashAttention per-layer tensors separately; cross-layer
-    tensors and >= 0.26 packed tensors as one; 0.29+ views count logical blocks, each
-    holding several kernel blocks when the kernel block is smaller), and: refuses when
-    regions disagree or hold fewer blocks than the budget; on 0.18-0.28, where both counts live in
+    The counts are checked only where xlkv's cross-layer layout is being registered (the
+    0.12-0.15 redirect; 0.16-0.28 when xlkv made this process's connector prefer
+    cross-layer blocks and one tensor arrives; 0.29+ when the worker's KV layout is a
+    whole-row one).  Where xlkv kept the stock layout (MLA, hybrid, host pools, HiSparse
+    host regions, any fallback) or decided nothing, registration is vLLM's, untouched.
+    For a cross-layer registration, before the original runs, the wrapper reads each
+    region's block dimension (cross-layer tensors and >= 0.26 packed tensors as one
+    region; 0.29+ views count logical blocks, each holding several kernel blocks when the
+    kernel block is smaller) and: refuses regions that disagree, except on releases that
+    index every region by its own count (0.29+ workers with ``region_num_blocks``), and
+    regions holding fewer blocks than the budget; on 0.18-0.28, where both counts live in
     ``num_blocks`` / ``_logical_num_blocks``, raises them to the tensors' real count
     (INFO line); on 0.29+ (per-layer counts come from the KV cache config) refuses
-    over-allocation instead.  Where xlkv kept the stock layout (a fallback), over-allocated
-    tensors are left to vLLM's own registration: the shim changes nothing there.  An assertion of vLLM's own registration under xlkv's
+    over-allocation instead.  An assertion of vLLM's own registration under xlkv's
     block-outermost layout (0.29+: e.g. a view it cannot partition into NIXL regions) is
     re-raised naming the layout, the failed check and the fix.  After registration it
     logs the regions and descriptors per block once, and a cross-layer worker's NIXL
@@ -84,8 +89,6 @@ def _reconcile(instance, counts, f):
         raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: %s" % e) from e
     if not note:
         return
-    if _state.stock_reasons():
-        return  # xlkv decided on the stock layout here: vLLM's own registration decides, untouched
     if f.kv_cache_layouts:
         raise XlkvRegistrationError(
             "xlkv_autopatch: refusing to register the KV cache with NIXL: %s; vLLM %d.%d takes per-layer block counts "
@@ -100,15 +103,36 @@ def _reconcile(instance, counts, f):
     info_once("blocks", "%s", note)
 
 
+def cross_layer_registration(instance, kv_caches, f):
+    """Is this call registering xlkv's cross-layer layout?  Decided before vLLM's code runs:
+    the 0.12-0.15 redirect marks the worker, 0.29+ workers know their KV layout from
+    ``__init__``, and on 0.16-0.28 the model runner registers the one cross-layer tensor
+    that this process's connector (patched by xlkv) asked for."""
+    if _state.is_cross_layer(instance):
+        return True
+    if f.kv_cache_layouts or getattr(instance, "_has_mamba", False):
+        return False
+    return _state.cross_layer_preferred() and not _state.stock_reasons() and len(kv_caches) == 1
+
+
+def _check_counts(instance, counts, f):
+    if len(set(counts.values())) > 1:
+        if f.kv_cache_layouts and isinstance(getattr(instance, "region_num_blocks", None), list):
+            return  # this release indexes every region by its own block count (region_num_blocks)
+        raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
+                                    "their block count (%s), and this vLLM indexes every region with one count"
+                                    % ", ".join("%s=%d" % kv for kv in sorted(counts.items())[:8]))
+    if f.budget_block_count:
+        _reconcile(instance, counts, f)
+
+
 def register_wrapper(wrapped, instance, args, kwargs):
     (kv_caches,) = bind(args, kwargs, "kv_caches")
-    counts = region_block_counts(kv_caches) if isinstance(kv_caches, dict) else {}
     f = facts.current()
-    if counts and f.budget_block_count and not getattr(instance, "_has_mamba", False):
-        _reconcile(instance, counts, f)
-    elif counts and len(set(counts.values())) > 1:
-        raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
-                                    "their block count (%s)" % ", ".join("%s=%d" % kv for kv in sorted(counts.items())[:8]))
+    if isinstance(kv_caches, dict) and cross_layer_registration(instance, kv_caches, f):
+        counts = region_block_counts(kv_caches)
+        if counts:
+            _check_counts(instance, counts, f)
     try:
         result = wrapped(*args, **kwargs)
     except AssertionError as e:

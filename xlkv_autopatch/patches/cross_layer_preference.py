@@ -29,6 +29,7 @@ import sys
 
 from .. import facts, layout
 from ..logs import info_once
+from . import _state
 from ._glue import fallback, spec_names
 
 OPT_IN = "enable_cross_layers_blocks"
@@ -81,6 +82,7 @@ def native_wrapper(wrapped, instance, args, kwargs):
         return False
     result = bool(wrapped(_OptInView(instance)))
     if result:
+        _state.note_cross_layer_preferred()
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (vLLM's own guards passed)")
     else:
         fallback("native-guards", "vLLM's cross-layer guards refused (backend not in %s, KV layout not HND, or "
@@ -111,6 +113,7 @@ def _backport_result(connector):
     if decision is None:
         return None
     if decision.use:
+        _state.note_cross_layer_preferred()
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (%s)", decision.reason)
     else:
         fallback(decision.reason, decision.reason)
