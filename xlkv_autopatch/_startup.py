@@ -14,22 +14,23 @@ even with the flag off, so they import nothing outside the standard library
 (tests/activation checks it).
 """
 
-from .flag import flag_state, invalid_flag_message
+from .flag import flag_state, knob_errors
 
 
 def activate(source):
     """Install the patches if ENABLE_XLKV is on.  Returns True when active.
 
-    An unrecognised value raises (vLLM then refuses to start): a typo must not become a
-    silent stock run.
+    An unrecognised value of any knob (ENABLE_XLKV, XLKV_COALESCE, XLKV_STRICT; see
+    :mod:`.flag`) raises here, before anything is patched (vLLM then refuses to start): a
+    typo must not become a silent stock run, nor a refusal in every worker later.
     """
-    state = flag_state()
-    if state == "off":
+    if flag_state() == "off":
         return False
     from . import errors  # standard library only
 
-    if state == "invalid":
-        raise errors.XlkvFlagError(invalid_flag_message())
+    bad = knob_errors()
+    if bad:
+        raise errors.XlkvFlagError(" Also: ".join(bad))
     try:
         import wrapt  # noqa: F401  (the registry's post-import hooks)
     except ImportError as e:

@@ -1,26 +1,60 @@
-"""The ENABLE_XLKV flag (and every other on/off variable of the shim), parsed in one place.
+"""Every on/off environment variable of the shim (its *knobs*), parsed by one function.
 Standard library only: vLLM's plugin loader imports this with the flag off.
 
-``xlkv_autopatch.pth`` and the checkout's ``sitecustomize.py`` cannot import it (they must
-import nothing while the flag is off); tests/activation checks that their literal gates
-agree with :data:`FALSY`.
+=============  =======  ==================================================================
+knob           default  what "on" means
+=============  =======  ==================================================================
+ENABLE_XLKV    off      the cross-layer KV layout (set it on prefill and decode alike)
+XLKV_COALESCE  on       a cross-layer worker lists each NIXL transfer's descriptor pairs
+                        in ascending local block order (patches/transfer_order.py)
+XLKV_STRICT    off      a configuration that keeps the stock layout is an error, not a
+                        WARNING
+=============  =======  ==================================================================
+
+Each knob accepts 1/true/yes/on, 0/false/no/off (case-insensitive, blanks around ignored),
+or unset/empty for its default.  Any other value is an error naming the knob, the value
+and the accepted values: :func:`knob` raises it, :func:`knob_errors` lists it (status), and
+with ENABLE_XLKV on vLLM refuses to start (``_startup.activate``).
+
+``xlkv_autopatch.pth`` and the checkout's ``sitecustomize.py`` cannot import this module
+(they must import nothing while the flag is off); tests/activation checks that their
+literal gates agree with :data:`FALSY`.
 """
 
 import os
+from collections import namedtuple
 
 FLAG = "ENABLE_XLKV"
 TRUTHY = ("1", "true", "yes", "on")
+#: ENABLE_XLKV's off values ("": set but blank, the default); the .pth gate's literal tuple
 FALSY = ("", "0", "false", "no", "off")
 
+Knob = namedtuple("Knob", "name default meaning fix")
 
-def truthy(value):
-    """True for 1/true/yes/on (case-insensitive, surrounding blanks ignored)."""
-    return (value or "").strip().lower() in TRUTHY
+KNOBS = (
+    Knob(FLAG, False, "the cross-layer KV layout",
+         "set ENABLE_XLKV=true to use the cross-layer KV layout, or unset it for stock vLLM, on prefill and decode "
+         "alike."),
+    Knob("XLKV_COALESCE", True, "NIXL descriptor pairs in ascending local block order",
+         "unset XLKV_COALESCE (default: on), or set XLKV_COALESCE=false to keep vLLM's descriptor order."),
+    Knob("XLKV_STRICT", False, "a kept stock layout is an error instead of a WARNING",
+         "set XLKV_STRICT=1 to make a kept stock layout an error, or unset it for a WARNING."),
+)
+_BY_NAME = {k.name: k for k in KNOBS}
 
 
-def flag_state(environ=None, name=FLAG):
-    """``"on"``, ``"off"`` or ``"invalid"`` for the flag's value in ``environ``."""
-    value = (os.environ if environ is None else environ).get(name, "").strip().lower()
+def accepted(name):
+    """The accepted values of knob ``name``, as the error messages and status print them."""
+    return "%s (on), %s (off), or unset/empty (default: %s)" % (
+        "/".join(TRUTHY), "/".join(v for v in FALSY if v), "on" if _BY_NAME[name].default else "off")
+
+
+def knob_state(name, environ=None):
+    """``"on"``, ``"off"`` or ``"invalid"`` for knob ``name`` in ``environ`` (default: os.environ)."""
+    value = (os.environ if environ is None else environ).get(name)
+    value = (value or "").strip().lower()
+    if not value:
+        return "on" if _BY_NAME[name].default else "off"
     if value in TRUTHY:
         return "on"
     if value in FALSY:
@@ -28,12 +62,45 @@ def flag_state(environ=None, name=FLAG):
     return "invalid"
 
 
+def knob_error(name, environ=None):
+    """The error sentence for knob ``name``'s value, or None when it is recognised."""
+    if knob_state(name, environ) != "invalid":
+        return None
+    value = (os.environ if environ is None else environ).get(name)
+    return ("xlkv_autopatch: %s=%r is not a value xlkv understands, so it is neither on nor off (accepted: %s). "
+            "Fix: %s" % (name, value, accepted(name), _BY_NAME[name].fix))
+
+
+def knob_errors(environ=None):
+    """Error sentences for every knob whose value is not recognised, ENABLE_XLKV first."""
+    return [e for e in (knob_error(k.name, environ) for k in KNOBS) if e]
+
+
+def knob(name, environ=None):
+    """True/False for knob ``name``; an unrecognised value raises XlkvFlagError naming it."""
+    state = knob_state(name, environ)
+    if state == "invalid":
+        from .errors import XlkvFlagError  # only on the error path: the flag-off import set stays as it is
+
+        raise XlkvFlagError(knob_error(name, environ))
+    return state == "on"
+
+
+def flag_state(environ=None, name=FLAG):
+    """``"on"``, ``"off"`` or ``"invalid"`` for ENABLE_XLKV (or the knob ``name``)."""
+    return knob_state(name, environ)
+
+
 def flag_on(environ=None):
     return flag_state(environ) == "on"
 
 
 def invalid_flag_message(environ=None):
-    value = (os.environ if environ is None else environ).get(FLAG)
-    return ("xlkv_autopatch: %s=%r is not a value xlkv understands, so it is neither on nor off. Fix: set %s=true "
-            "(one of %s) to use the cross-layer KV layout, or unset it (or one of %s) for stock vLLM, on prefill and "
-            "decode alike" % (FLAG, value, FLAG, "/".join(TRUTHY), "/".join(repr(v) for v in FALSY)))
+    return knob_error(FLAG, environ)
+
+
+def truthy(value):
+    """True for 1/true/yes/on.  Only for *other* projects' variables (kvcached's
+    ENABLE_KVCACHED/KVCACHED_AUTOPATCH), whose parsing is theirs; xlkv's own knobs go
+    through :func:`knob`."""
+    return (value or "").strip().lower() in TRUTHY

@@ -2,9 +2,7 @@
 configs, binding wrapped arguments.  Reads vLLM objects; decides nothing itself (the
 rules are in :mod:`..layout`, the release differences in :mod:`..facts`)."""
 
-import os
-
-from ..flag import truthy
+from ..flag import knob
 from ..errors import XlkvError
 from ..logs import logger, once
 from . import _state
@@ -23,7 +21,9 @@ NIXL_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
 
 
 def strict():
-    return truthy(os.environ.get("XLKV_STRICT"))
+    """XLKV_STRICT through the one knob parser: an unrecognised value raises XlkvFlagError
+    (start-up refuses it first, with ENABLE_XLKV on)."""
+    return knob("XLKV_STRICT")
 
 
 def fallback(key, reason):

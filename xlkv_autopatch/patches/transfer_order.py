@@ -26,11 +26,9 @@ Removal
 """
 
 import functools
-import os
 
 from .. import layout
-from ..errors import XlkvFlagError
-from ..flag import FALSY, TRUTHY, flag_state
+from ..flag import knob
 from ..logs import info_once, logger, once
 
 KNOB = "XLKV_COALESCE"
@@ -41,15 +39,10 @@ LOCAL, REMOTE = 2, 4
 
 
 def enabled(environ=None):
-    env = os.environ if environ is None else environ
-    if not env.get(KNOB, "").strip():
-        return True  # unset: on by default
-    state = flag_state(env, name=KNOB)
-    if state != "invalid":
-        return state == "on"
-    value = env[KNOB]
-    raise XlkvFlagError("xlkv_autopatch: %s=%r is neither on (%s) nor off (%s)"
-                        % (KNOB, value, "/".join(TRUTHY), "/".join(repr(v) for v in FALSY if v)))
+    """XLKV_COALESCE through the shim's one knob parser (:func:`xlkv_autopatch.flag.knob`):
+    unset/empty is on; an unrecognised value raises XlkvFlagError naming it (with
+    ENABLE_XLKV on, start-up already refused it)."""
+    return knob(KNOB, environ)
 
 
 def _take(ids, order):

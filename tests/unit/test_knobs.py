@@ -1,0 +1,97 @@
+"""One parser for every knob (flag.knob): the same accepted values everywhere, an unknown value is
+an error naming the knob, the value and the accepted values, and start-up refuses it."""
+
+import os
+import re
+
+import pytest
+
+import xlkv_autopatch
+from xlkv_autopatch import _startup, flag
+from xlkv_autopatch.errors import XlkvFlagError
+from xlkv_autopatch.patches import _glue, transfer_order
+
+PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
+NAMES = [k.name for k in flag.KNOBS]
+
+
+def test_the_knobs_are_the_three_documented_ones():
+    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT"]
+    assert {k.name: k.default for k in flag.KNOBS} == {"ENABLE_XLKV": False, "XLKV_COALESCE": True,
+                                                        "XLKV_STRICT": False}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_knob_accepts_the_same_values(name):
+    default = {k.name: k.default for k in flag.KNOBS}[name]
+    for value in ("1", "true", "TRUE", " Yes ", "on"):
+        assert flag.knob(name, {name: value}) is True, value
+    for value in ("0", "false", "No", " off "):
+        assert flag.knob(name, {name: value}) is False, value
+    for env in ({}, {name: ""}, {name: "  "}):
+        assert flag.knob(name, env) is default, env
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("value", ["ture", "2", "maybe", "enabled"])
+def test_an_unknown_value_of_any_knob_is_an_error_naming_knob_value_and_accepted_values(name, value):
+    with pytest.raises(XlkvFlagError) as e:
+        flag.knob(name, {name: value})
+    msg = str(e.value)
+    assert "%s=%r" % (name, value) in msg
+    assert "accepted: 1/true/yes/on (on), 0/false/no/off (off), or unset/empty" in msg
+    assert "Fix: " in msg and name in msg.split("Fix: ", 1)[1]
+    assert flag.knob_errors({name: value}) == [msg]
+
+
+def test_strict_and_coalesce_go_through_the_knob_parser(monkeypatch):
+    """Issue 20: XLKV_STRICT=ture was silently off (lenient truthy)."""
+    monkeypatch.setenv("XLKV_STRICT", "ture")
+    with pytest.raises(XlkvFlagError, match="XLKV_STRICT='ture'"):
+        _glue.strict()
+    monkeypatch.setenv("XLKV_STRICT", "yes")
+    assert _glue.strict() is True
+    monkeypatch.delenv("XLKV_STRICT")
+    assert _glue.strict() is False
+    with pytest.raises(XlkvFlagError, match="XLKV_COALESCE='garbage'"):
+        transfer_order.enabled({"XLKV_COALESCE": "garbage"})
+    assert transfer_order.enabled({}) is True
+
+
+def test_no_module_reads_a_knob_of_its_own_outside_flag_py():
+    """A second parser is how the three policies came about: xlkv's variables are read in flag.py
+    (knobs) and versions.py (XLKV_VLLM_VERSION) only."""
+    pattern = re.compile(r"""environ(?:\.get\(|\[)\s*["'](ENABLE_XLKV|XLKV_\w+)""")
+    readers = {}
+    for folder, _, names in os.walk(PKG):
+        for fname in names:
+            if fname.endswith(".py"):
+                path = os.path.join(folder, fname)
+                for m in pattern.finditer(open(path).read()):
+                    readers.setdefault(os.path.relpath(path, PKG), set()).add(m.group(1))
+    assert readers == {}, readers  # flag.py and versions.py read them through a name, not a literal
+    assert "truthy(os.environ.get(f))" in open(os.path.join(PKG, "patches", "__init__.py")).read()  # kvcached's own
+
+
+@pytest.mark.parametrize("bad", [{"XLKV_COALESCE": "garbage"}, {"XLKV_STRICT": "2"}])
+def test_start_up_refuses_a_bad_knob_with_the_flag_on_and_not_with_it_off(monkeypatch, bad):
+    installed = []
+    monkeypatch.setattr("xlkv_autopatch.registry.REGISTRY.install", lambda **kw: installed.append(kw))
+    for k, v in bad.items():
+        monkeypatch.setenv(k, v)
+    assert _startup.activate("test") is False  # flag off: stock, nothing refused
+    monkeypatch.setenv("ENABLE_XLKV", "1")
+    with pytest.raises(XlkvFlagError) as e:
+        _startup.activate("test")
+    (name, value), = bad.items()
+    assert "%s=%r" % (name, value) in str(e.value)
+    assert installed == []  # refused before anything is patched
+
+
+def test_every_bad_knob_is_named_in_one_refusal(monkeypatch):
+    monkeypatch.setenv("ENABLE_XLKV", "1")
+    monkeypatch.setenv("XLKV_COALESCE", "garbage")
+    monkeypatch.setenv("XLKV_STRICT", "ture")
+    with pytest.raises(XlkvFlagError) as e:
+        _startup.activate("test")
+    assert "XLKV_COALESCE='garbage'" in str(e.value) and "XLKV_STRICT='ture'" in str(e.value)
