@@ -215,7 +215,10 @@ def _setup(role, args, tmpdir):
     connector = getattr(args, f"{role}_connector", None) or "nixl"
     state["connector_kind"] = connector
     if connector == "nixl":
-        kvt = _kw(KVTransferConfig, kv_connector="NixlConnector", kv_role="kv_both",
+        # --transfer push: vLLM's NixlPushConnector (P WRITEs into D's blocks), where the
+        # release has it; default: NixlConnector (D READs from P)
+        name = "NixlPushConnector" if getattr(args, "transfer", "pull") == "push" else "NixlConnector"
+        kvt = _kw(KVTransferConfig, kv_connector=name, kv_role="kv_both",
                   kv_buffer_device=buffer_device, engine_id=f"{role}-engine",
                   kv_connector_extra_config=extra)
     else:
@@ -479,7 +482,8 @@ def _worker_state(state):
     out = {}
     for a in ("num_regions", "num_descs", "num_blocks", "block_size", "block_len",
               "block_len_per_layer", "kv_cache_layout", "backend_name",
-              "_physical_blocks_per_logical_kv_block", "_has_packed_cache", "use_mla"):
+              "_physical_blocks_per_logical_kv_block", "_has_packed_cache", "use_mla",
+              "tp_rank", "world_size"):
         if hasattr(w, a):
             v = getattr(w, a)
             if isinstance(v, (int, float, str, bool, list, tuple)) or v is None:
@@ -705,6 +709,10 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
             info["reference"] = {n: ref[n].view(torch.int16).numpy().tobytes() for n in st["names"]}
             info["ref_shape"] = list(ref[st["names"][0]].shape)
             res_q.put(("ready", info))
+            push = getattr(args, "transfer", "pull") == "push"
+            # push: P's own agent makes the transfer (WRITE); count it there
+            p_tel, marks = [], {}
+            p_calls = _wrap_xfer_counter(st, p_tel) if push else []
             done_sending = set()
             deadline = time.time() + args.timeout * 4
             while time.time() < deadline:
@@ -720,6 +728,9 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                         md = _new_md(st)
                         md.reqs_in_batch = set([req]) | set(getattr(md, "reqs_in_batch", set()))
                         md.reqs_to_send = {req: time.perf_counter() + 120}
+                        if push:  # what P's scheduler hands its workers when the request finished
+                            md.push_finished_blocks = {req: _block_ids_arg(st, cmd[2])}
+                            marks[req] = (len(p_calls), len(p_tel))
                         s, r = _tick(st, md)
                         done_sending |= set(s or ())
                         res_q.put(("send_ack", req))
@@ -735,9 +746,16 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                     new = set(s) - done_sending
                     done_sending |= set(s)
                     for q in new:
-                        res_q.put(("sent", q))
+                        if q in marks:  # push: what P's agent moved for it
+                            c0, t0_ = marks.pop(q)
+                            res_q.put(("sent", q, {"xfer_calls": p_calls[c0:], "nixl_desc_counts": p_tel[t0_:]}))
+                        else:
+                            res_q.put(("sent", q))
             res_q.put(("p_exit", {"errors": logs.errors()[-20:]}))
         else:
+            push = getattr(args, "transfer", "pull") == "push"
+            if push:  # P handshakes with D before it WRITEs: D's engine core serves metadata too
+                _serve_handshake(st, _worker_handshake_metadata(st))
             res_q.put(("ready", info))
             telemetry = []
             calls = _wrap_xfer_counter(st, telemetry, getattr(args, "plant_fault", None))
@@ -757,6 +775,16 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
                               tp_size=p_info.get("tp_size", 1), do_remote_prefill=True,
                               do_remote_decode=False)
                 lids = _block_ids_arg(st, local_ids)
+                if push:
+                    # what D's push scheduler does in update_state_after_alloc: D does not know
+                    # P's blocks; it registers its own with P (a NIXL notification) and waits
+                    params["remote_block_ids"] = ()
+                    md.push_registrations = {req: dict(
+                        request_id=req, decode_engine_id="d-engine", decode_host="127.0.0.1",
+                        decode_port=args.d_port, decode_tp_size=st["tp"], local_block_ids=lids,
+                        remote_engine_id=p_info["engine_id"], remote_host="127.0.0.1",
+                        remote_port=p_info["port"], remote_tp_size=p_info.get("tp_size", 1),
+                        remote_pp_size=1)}
                 if hasattr(md, "add_new_req_to_recv"):
                     md.add_new_req_to_recv(req, lids, params)
                 else:
@@ -917,11 +945,16 @@ def main():
                          "element on D's last rank; 'swap-d-ranks' starts D's ranks in reverse "
                          "order while the parent checks them as if they were in order; 'misorder' reverses the local "
                          "descriptor ids of every transfer without their remote partners")
+    ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
+                    help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
+                         "into D's blocks; releases that have it, TP 1 only)")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     args = ap.parse_args()
     NUM_KV_HEADS = args.kv_heads
     t_start = time.time()
+    if args.transfer == "push" and (args.p_tp > 1 or args.d_tp > 1):
+        ap.error("--transfer push runs at TP 1 only")
     cases = list(args.case or CASE_ORDER)
     if args.over_allocate >= 3:
         # blocks beyond the scheduler's budget, which only the over-allocated tensors hold
@@ -941,7 +974,7 @@ def main():
               "cross_layer": None, "num_regions": None, "descs_per_block": None,
               "block_len": None, "transfer_verified": False, "cases": {}, "errors": [],
               "env_p": {k: v for k, v in env_p.items()}, "env_d": {k: v for k, v in env_d.items()},
-              "native_opt_in": args.native_opt_in,
+              "native_opt_in": args.native_opt_in, "transfer": args.transfer,
               "inherited": {k: os.environ[k] for k in os.environ
                             if k.startswith(("ENABLE_XLKV", "XLKV", "VLLM_KV_CACHE_LAYOUT",
                                              "VLLM_USE_V2"))}}
@@ -1031,7 +1064,7 @@ def main():
                 c = {"num_tokens": ntok}
                 try:
                     for q in q_p:
-                        q.put(("send", req))
+                        q.put(("send", req, remote))
                     expect_all(res_p, ("send_ack",), args.timeout, "P send registration")
                     pmsg = {k: p_info[k] for k in ("engine_id", "port", "tp_size")}
                     for q in q_d:
@@ -1053,6 +1086,7 @@ def main():
                     sent = False
                     end = time.time() + (10 if ok_recv else 2)
                     waiting = set(range(args.p_tp))
+                    p_counts = []
                     while time.time() < end and waiting:
                         for i in sorted(waiting):
                             try:
@@ -1061,16 +1095,24 @@ def main():
                                 continue
                             if m[0] == "sent" and m[1] == req:
                                 waiting.discard(i)
+                                if len(m) > 2:
+                                    p_counts.append(m[2])
                             if m[0] == "fatal":
                                 raise RuntimeError(m[1]["error"])
                     sent = not waiting
                     c["p_done_sending"] = sent
-                    if r.get("nixl_desc_counts"):
-                        c["nixl_descs"] = sum(r["nixl_desc_counts"])
-                    if r.get("xfer_calls"):
+                    src = r
+                    if args.transfer == "push":  # P's agent made the transfer (WRITE)
+                        c["transfer"] = "push"
+                        c["d_xfer_calls"] = r.get("xfer_calls")
+                        src = {k: [x for pc in p_counts for x in pc.get(k) or []]
+                               for k in ("xfer_calls", "nixl_desc_counts")}
+                    if src.get("nixl_desc_counts"):
+                        c["nixl_descs"] = sum(src["nixl_desc_counts"])
+                    if src.get("xfer_calls"):
                         nblk = len(local)
-                        c["xfer_descs"] = sum(r["xfer_calls"])
-                        c["xfer_descs_per_block"] = sum(r["xfer_calls"]) / nblk
+                        c["xfer_descs"] = sum(src["xfer_calls"])
+                        c["xfer_descs_per_block"] = sum(src["xfer_calls"]) / nblk
                     bad = []
                     for i, (x, lay) in enumerate(zip(rs, layers)):
                         try:
