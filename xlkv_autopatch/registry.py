@@ -33,6 +33,12 @@ SUPPORTED_VLLM = ">=0.12,<0.34"
 FIX = "unset ENABLE_XLKV to run stock vLLM, or install a vLLM release in %s" % SUPPORTED_VLLM
 
 
+def fix(supported=SUPPORTED_VLLM):
+    """:data:`FIX`, or, when XLKV_VLLM_VERSION names another release than the installed one,
+    the override, both versions and "unset it" (:func:`versions.fix`)."""
+    return versions.fix(supported)
+
+
 # --------------------------------------------------------------------------- wrappers
 
 
@@ -167,6 +173,8 @@ class _State:
     applied_groups: List[str] = field(default_factory=list)
     first_calls: set = field(default_factory=set)
     refusal: Optional[str] = None  # the unsupported-release message, repeated at every NIXL connector
+    #: group name -> the error that stopped it (its type, its message), repeated by the connector guard
+    group_refusals: dict = field(default_factory=dict)
 
 
 class Registry:
@@ -190,17 +198,23 @@ class Registry:
 
     def check_version(self, version):
         """Raise XlkvUnsupportedVersion unless ``version`` is covered."""
+        if versions.parse(version) is None:
+            raise XlkvUnsupportedVersion(
+                "xlkv_autopatch: ENABLE_XLKV is set but %r is not a vLLM version number%s; %s"
+                % (version, " (it comes from %s)" % versions.OVERRIDE if versions.override_value() == version else "",
+                   fix(self.supported)))
         if not versions.in_range(version, self.supported):
             raise XlkvUnsupportedVersion(
                 "xlkv_autopatch: ENABLE_XLKV is set but vLLM %s is not supported (supported: %s); %s"
-                % (version, self.supported, FIX)
+                % (version, self.supported, fix(self.supported))
             )
         if not any(g.nixl for g in self.groups_for(version)):
             parsed = versions.parse(version)
             dev = ("; %s is a development build, whose code lies between two releases: set %s to the release whose "
                    "code it carries" % (version, versions.OVERRIDE)) if parsed is not None and parsed.is_devrelease else ""
             raise XlkvUnsupportedVersion(
-                "xlkv_autopatch: ENABLE_XLKV is set but no patch set covers vLLM %s%s; %s" % (version, dev, FIX)
+                "xlkv_autopatch: ENABLE_XLKV is set but no patch set covers vLLM %s%s; %s"
+                % (version, dev, fix(self.supported))
             )
 
     # -- install ---------------------------------------------------------------
@@ -252,12 +266,18 @@ class Registry:
             st = self.state
             if not st.active:
                 return []
+            if group.precheck is not None:
+                try:
+                    group.precheck()  # a conflict that names its own cause and fix (kvcached)
+                except XlkvError as err:
+                    st.group_refusals[group.name] = (type(err), "%s (patch set %s)" % (err, group.name))
+                    raise
             try:
-                if group.precheck is not None:
-                    group.precheck()
                 resolved = [resolve(spec) for spec in group.patches]
             except XlkvError as err:
-                raise type(err)("%s (vLLM %s, patch set %s); %s" % (err, st.version, group.name, FIX)) from err
+                message = "%s (vLLM %s, patch set %s); %s" % (err, st.version, group.name, fix(self.supported))
+                st.group_refusals[group.name] = (type(err), message)
+                raise type(err)(message) from err
             applied = []
             try:
                 for r in resolved:
@@ -266,9 +286,10 @@ class Registry:
             except Exception as err:  # undo, so no process runs half-patched
                 for rec in reversed(applied):
                     self._revert(rec)
-                raise XlkvGuardError(
-                    "xlkv_autopatch: could not apply patch set %s on vLLM %s: %s; %s" % (group.name, st.version, err, FIX)
-                ) from err
+                message = ("xlkv_autopatch: could not apply patch set %s on vLLM %s: %s; %s"
+                           % (group.name, st.version, err, fix(self.supported)))
+                st.group_refusals[group.name] = (XlkvGuardError, message)
+                raise XlkvGuardError(message) from err
             st.records.extend(applied)
             if group.name not in st.applied_groups:  # also when a fork found it all in place
                 st.applied_groups.append(group.name)
@@ -353,6 +374,7 @@ class Registry:
             st.installed = False
             st.sources.clear()
             st.refusal = None
+            st.group_refusals.clear()
             facts.reset()
             return reverted
 
@@ -369,8 +391,12 @@ class Registry:
         for g in self.groups_for(self.state.version):
             if not g.nixl or g.name in self.state.applied_groups:
                 continue
-            why = ("its trigger module %s was never imported" % g.trigger if g.trigger not in sys.modules
-                   else "its trigger module %s is imported but the set was not applied" % g.trigger)
+            if g.name in self.state.group_refusals:
+                why = "it was refused: %s" % self.state.group_refusals[g.name][1]
+            elif g.trigger not in sys.modules:
+                why = "its trigger module %s was never imported" % g.trigger
+            else:
+                why = "its trigger module %s is imported but the set was not applied" % g.trigger
             out.append((g, why))
         return out
 

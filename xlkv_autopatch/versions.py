@@ -15,7 +15,7 @@ def vllm_version(override=True):
     ``XLKV_VLLM_VERSION`` overrides the metadata (for builds whose metadata lies), unless
     ``override`` is False.
     """
-    forced = os.environ.get(OVERRIDE, "").strip() if override else ""
+    forced = override_value() if override else None
     if forced:
         return forced
     from importlib import metadata
@@ -26,6 +26,48 @@ def vllm_version(override=True):
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def override_value():
+    """``XLKV_VLLM_VERSION`` (stripped), or None when unset or blank."""
+    return os.environ.get(OVERRIDE, "").strip() or None
+
+
+def override_differs():
+    """True when ``XLKV_VLLM_VERSION`` is set and names another release than the installed
+    package's metadata (or no vLLM is installed): the patch sets are then chosen for a
+    release that is not the one installed."""
+    forced = override_value()
+    if not forced:
+        return False
+    installed = vllm_version(override=False)
+    if installed is None:
+        return True
+    a, b = parse(forced), parse(installed)
+    return (a != b) if (a is not None and b is not None) else forced != installed
+
+
+def override_sentence():
+    """What the override does, naming both versions; "" when it names the installed release."""
+    if not override_differs():
+        return ""
+    installed = vllm_version(override=False)
+    return ("%s=%s makes xlkv choose the patches of vLLM %s, while the installed package says %s"
+            % (OVERRIDE, override_value(), override_value(),
+               "vLLM %s" % installed if installed else "no vLLM is installed"))
+
+
+def unset_override():
+    installed = vllm_version(override=False)
+    return "unset %s%s" % (OVERRIDE, " (the installed package says vLLM %s)" % installed if installed else "")
+
+
+def fix(supported):
+    """The way out of a refusal: with an override naming another release, unset it;
+    otherwise another vLLM release or stock vLLM."""
+    if override_differs():
+        return "%s. Fix: %s, or unset ENABLE_XLKV to run stock vLLM" % (override_sentence(), unset_override())
+    return "unset ENABLE_XLKV to run stock vLLM, or install a vLLM release in %s" % supported
 
 
 def parse(version):

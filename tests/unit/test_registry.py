@@ -309,3 +309,64 @@ def test_factory_guard_refuses_a_nixl_connector_the_patches_did_not_reach(tree, 
     reg.apply_group(group())
     guard.check(NixlConnector(), reg)  # everything in place: no complaint
     guard.check(object(), make_registry([waiting]))  # not a NIXL connector: not checked
+
+
+@pytest.fixture
+def installed_vllm(tmp_path, monkeypatch):
+    """Package metadata of an installed vLLM (no code), as importlib.metadata finds it."""
+    def install(version):
+        d = tmp_path / ("vllm-%s.dist-info" % version)
+        d.mkdir()
+        (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: %s\n" % version)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    return install
+
+
+def test_refusals_name_the_override_both_versions_and_unsetting_it(tree, monkeypatch, installed_vllm):
+    """Issue 25 item 5: with XLKV_VLLM_VERSION naming another release than the installed one, the
+    refusal said "install a vLLM release in >=0.12,<0.34" and never mentioned the override."""
+    installed_vllm("0.33.0")
+    monkeypatch.setenv("XLKV_VLLM_VERSION", "0.21.0")
+    bad = (R.PatchSpec("nope", MOD, "Alias", "no_such_attr", "method", register_wrapper),)
+    reg = make_registry([group(bad)], version="0.21.0")
+    reg.state.version = "0.21.0"
+    with pytest.raises(XlkvGuardError) as e:
+        reg.apply_group(group(bad))
+    for msg in (str(e.value), str(pytest.raises(XlkvUnsupportedVersion, reg.check_version, "0.11.2").value)):
+        assert "XLKV_VLLM_VERSION=" in msg and "the installed package says vLLM 0.33.0" in msg, msg
+        assert "Fix: unset XLKV_VLLM_VERSION" in msg and "install a vLLM release" not in msg, msg
+    monkeypatch.setenv("XLKV_VLLM_VERSION", "garbage")
+    with pytest.raises(XlkvUnsupportedVersion, match="'garbage' is not a vLLM version number .it comes from "
+                                                     "XLKV_VLLM_VERSION.*Fix: unset XLKV_VLLM_VERSION"):
+        reg.check_version("garbage")
+    # the override naming the installed release, or none: the usual fix
+    monkeypatch.setenv("XLKV_VLLM_VERSION", "0.33.0")
+    with pytest.raises(XlkvUnsupportedVersion, match=r"install a vLLM release in >=0.12,<0.34$"):
+        reg.check_version("0.11.2")
+
+
+def test_a_refused_precheck_keeps_its_own_fix_and_the_guard_repeats_it(tree):
+    """Issue 25 item 10: the kvcached refusal ended with "install a vLLM release in ...", and after a
+    caller caught it the connector guard blamed a trigger module "never imported" and a fork."""
+    from xlkv_autopatch.errors import XlkvError
+    from xlkv_autopatch.patches import kv_connector_factory as guard
+
+    def conflict():
+        raise XlkvError("xlkv_autopatch: ENABLE_KVCACHED and ENABLE_XLKV are both set: ... Fix: unset ENABLE_XLKV")
+
+    g = group(precheck=conflict)
+    reg = make_registry([g])
+    reg.state.version = "0.25.1"
+    with pytest.raises(XlkvError) as e:
+        reg.apply_group(g)
+    assert str(e.value).startswith("xlkv_autopatch: ENABLE_KVCACHED and ENABLE_XLKV are both set")
+    assert "install a vLLM release" not in str(e.value)
+
+    class NixlConnector(tree.Pull):
+        pass
+
+    with pytest.raises(XlkvError) as again:  # the caller caught it; vLLM goes on to make a connector
+        guard.check(NixlConnector(), reg)
+    msg = str(again.value)
+    assert "ENABLE_KVCACHED and ENABLE_XLKV are both set" in msg and "repeated" in msg
+    assert "never imported" not in msg and "fork" not in msg

@@ -16,7 +16,9 @@ How
     connector's class hierarchy and, for a worker-side connector, on its worker's class,
     and that every NIXL patch set of this release was applied.  If not, it raises
     XlkvNotAttachedError naming the release, the patch sets expected, why they did not
-    attach and the fix; an unsupported release repeats its refusal here.  Documented
+    attach and the fix; an unsupported release, and a patch set refused when its module
+    was imported (kvcached's autopatch, a failed shape guard) whose error a caller caught,
+    repeat that refusal here instead.  Documented
     fallbacks (the stock layout kept with a WARNING) are not affected: the patches are
     in place there and made that decision.
 vLLM versions
@@ -26,8 +28,6 @@ vLLM versions
 Removal
     Never while patch sets attach on import: it is the check that they did.
 """
-
-import os
 
 from .. import registry, versions
 from ..errors import XlkvNotAttachedError, XlkvUnsupportedVersion
@@ -54,14 +54,12 @@ def problems(connector, reg=None):
 
 
 def _fix(reg):
-    forced = versions.OVERRIDE
-    if os.environ.get(forced, "").strip():
-        return ("%s=%s tells xlkv which release's patches to use, and that release's code is not what is installed. "
-                "Fix: unset %s (the installed package says vLLM %s), or unset ENABLE_XLKV"
-                % (forced, os.environ[forced], forced, versions.vllm_version(override=False)))
+    if versions.override_differs():
+        return ("%s, and the code of that release is not what is installed. Fix: %s, or unset ENABLE_XLKV"
+                % (versions.override_sentence(), versions.unset_override()))
     return ("this vLLM build's code is not where release %s keeps it (a fork, or a development build between two "
             "releases). Fix: install a vLLM release xlkv supports (%s), set %s to the release whose code this build "
-            "carries, or unset ENABLE_XLKV" % (reg.state.version, reg.supported, forced))
+            "carries, or unset ENABLE_XLKV" % (reg.state.version, reg.supported, versions.OVERRIDE))
 
 
 def check(connector, reg=None):
@@ -70,6 +68,11 @@ def check(connector, reg=None):
         return
     if reg.state.refusal:
         raise XlkvUnsupportedVersion(reg.state.refusal + " (repeated: vLLM went on to create a NIXL connector)")
+    for group, _why in reg.unapplied_nixl_groups():
+        refused = reg.state.group_refusals.get(group.name)
+        if refused is not None:  # a caller caught the refusal at import: the same cause, once more
+            error_type, message = refused
+            raise error_type(message + " (repeated: vLLM went on to create a NIXL connector)")
     found = problems(connector, reg)
     if found:
         raise XlkvNotAttachedError(
