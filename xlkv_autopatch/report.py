@@ -1,12 +1,13 @@
 """``python -m xlkv_autopatch status``: what an operator runs first on a new box."""
 
 import importlib
+import importlib.util
 import os
 import site
 import sys
 
 from ._version import __version__
-from .flag import FLAG, flag_state, invalid_flag_message
+from .flag import FLAG, KNOBS, accepted, flag_state, knob_error, knob_state
 
 PTH_NAME = "xlkv_autopatch.pth"
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -62,14 +63,36 @@ def _dependencies():
     return missing
 
 
+def _package():
+    """(directory of this package, version in the installed metadata or None)."""
+    from importlib import metadata
+
+    try:
+        meta = metadata.version("xlkv_autopatch")
+    except metadata.PackageNotFoundError:
+        meta = None
+    return os.path.dirname(os.path.abspath(__file__)), meta
+
+
+def _shown(value):
+    return "unset" if value is None else repr(value)
+
+
 def collect(resolve=True):
     missing = _dependencies()
     state = flag_state()
+    path, meta_version = _package()
     out = {
         "xlkv_autopatch": __version__,
+        "xlkv_autopatch_path": path,
+        "xlkv_autopatch_metadata_version": meta_version,
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,
         "pid": os.getpid(),
         "flag": {"name": FLAG, "value": os.environ.get(FLAG), "on": state == "on", "state": state},
+        "knobs": [{"name": k.name, "value": os.environ.get(k.name), "state": knob_state(k.name),
+                   "default": "on" if k.default else "off", "accepted": accepted(k.name), "meaning": k.meaning}
+                  for k in KNOBS],
         "activation": {
             "pth_files": pth_files(),
             "plugin_entry_points": plugin_entry_points(),
@@ -81,8 +104,20 @@ def collect(resolve=True):
         "problems": [],
     }
     problems = out["problems"]
-    if state == "invalid":
-        problems.append(invalid_flag_message())
+    out["notes"] = notes = []
+    if meta_version is not None and meta_version != __version__:
+        notes.append("the installed metadata of xlkv_autopatch says %s but the code at %s is %s (an editable "
+                        "install made before the version changed?). Fix: pip install -e <checkout> (or the new "
+                        "release) again, so that pip, the entry point and the .pth match the code"
+                        % (meta_version, path, __version__))
+    for k in KNOBS:  # every knob error, predicted: with ENABLE_XLKV on, activate() refuses each one
+        err = knob_error(k.name)
+        if err and k.name != FLAG and state == "off":
+            err += " (ENABLE_XLKV is off, so nothing refuses it now; once ENABLE_XLKV is on, vLLM refuses to start)"
+        elif err:
+            err += " (vLLM refuses to start)"
+        if err:
+            problems.append(err)
     for name, err in sorted(missing.items()):
         problems.append("%s cannot be imported (%s): with ENABLE_XLKV set, vLLM refuses to start. Fix: pip install "
                         "'%s' into this environment (xlkv_autopatch was probably installed with --no-deps)"
@@ -106,6 +141,11 @@ def collect(resolve=True):
     return out
 
 
+def _once_on(state):
+    """The prefix of a refusal that only happens with the flag on, while it is off."""
+    return "" if state == "on" else "(ENABLE_XLKV is off; once it is on:) "
+
+
 def _collect_patches(out, resolve):
     from . import patches, registry, versions
     from .errors import XlkvError
@@ -114,9 +154,12 @@ def _collect_patches(out, resolve):
     reg = registry.REGISTRY
     groups = reg.groups() or patches.all_groups()
     problems = out["problems"]
+    state = out["flag"]["state"]
     out.update({
         "vllm": version,
-        "vllm_version_override": os.environ.get(versions.OVERRIDE) or None,
+        "vllm_installed": versions.vllm_version(override=False),
+        "vllm_version_override": versions.override_value(),
+        "vllm_version_override_differs": versions.override_differs(),
         "supported_range": reg.supported,
         "supported": bool(version) and versions.in_range(version, reg.supported),
     })
@@ -125,14 +168,26 @@ def _collect_patches(out, resolve):
         "sources": list(reg.state.sources),
         "applied": ["%s -> %s.%s" % a for a in reg.applied()],
     })
-    out["kvcached_flags"] = patches.kvcached_flags()  # a conflict only with the flag on: the groups' precheck
+    out["kvcached_flags"] = patches.kvcached_flags()  # a conflict only with the flag on
+    fix = versions.fix(reg.supported)
     if version is None:
-        problems.append("vLLM is not installed in this environment")
-    elif not out["supported"]:
         problems.append(
-            "vLLM %s is outside the supported range %s: with ENABLE_XLKV set, vLLM refuses to start"
-            % (version, reg.supported)
-        )
+            "vLLM is not installed in this environment (%s). xlkv_autopatch patches the vLLM of the environment it "
+            "is installed in (vLLM %s). Fix: install it into vLLM's environment (<vLLM's python> -m pip install "
+            "xlkv_autopatch, or -e <checkout>) and run <vLLM's python> -m xlkv_autopatch status there"
+            % (sys.executable, reg.supported))
+    else:
+        try:  # the start-up refusal itself (unsupported release, dev build without a patch set, bad override)
+            registry.Registry(patches.all_groups, supported=reg.supported).check_version(version)
+        except XlkvError as e:
+            problems.append(_once_on(state) + str(e))
+    if out["kvcached_flags"] and state == "on":
+        try:
+            patches.refuse_kvcached()
+        except XlkvError as e:
+            problems.append(str(e))
+    if version is not None and resolve and out["supported"]:
+        _check_triggers(out, [g for g in groups if g.nixl and versions.in_range(version, g.vllm)], fix, state)
     for group in groups:
         applies = bool(version) and (group.always or versions.in_range(version, group.vllm))
         entry = {
@@ -145,9 +200,42 @@ def _collect_patches(out, resolve):
         if applies and resolve:
             _resolve_group(group, entry, registry, XlkvError)
             if "error" in entry or not all(p.get("ok") for p in entry["patches"]):
-                problems.append("patch set %s would not apply: %s" % (
-                    group.name, entry.get("error") or "; ".join(p["error"] for p in entry["patches"] if not p.get("ok"))))
+                text = entry.get("error") or "; ".join(p["error"] for p in entry["patches"] if not p.get("ok"))
+                if not any(known in text for known in problems):  # the kvcached conflict, once
+                    if versions.override_differs() and versions.OVERRIDE + "=" not in text:
+                        text += "; " + fix
+                    problems.append(_once_on(state) + "patch set %s would not apply: %s" % (group.name, text))
         out["patch_sets"].append(entry)
+
+
+def _check_triggers(out, nixl_groups, fix, state):
+    """Predict XlkvNotAttachedError: load NixlConnector the way vLLM's connector factory does
+    and check that this release's NIXL patch sets wait for a module that import brings in
+    (a patch set of another release, chosen by XLKV_VLLM_VERSION, may wait for a module
+    this vLLM never imports).  Only meaningful before anything imported those modules."""
+    from . import versions
+
+    pending = [g for g in nixl_groups if g.trigger not in sys.modules]
+    if not pending:
+        return
+    try:
+        factory = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.factory")
+        cls = factory.KVConnectorFactory.get_connector_class_by_name("NixlConnector")
+    except Exception:  # noqa: BLE001 - an older factory, or the import refused: reported elsewhere
+        return
+    for g in pending:
+        try:
+            importable = importlib.util.find_spec(g.trigger) is not None
+        except (ImportError, ValueError):
+            importable = False
+        if g.trigger not in sys.modules and importable:  # (a module that is not there: the resolution says so)
+            out["problems"].append(
+                _once_on(state) + "patch set %s (for vLLM %s) waits for the import of %s, which vLLM's "
+                "connector factory does not import (its NixlConnector is %s.%s): at its first NIXL connector vLLM "
+                "stops with XlkvNotAttachedError. %s" % (
+                    g.name, g.vllm, g.trigger, cls.__module__, cls.__qualname__,
+                    fix if versions.override_differs() else "Fix: set %s to the release whose code this build "
+                    "carries, or unset ENABLE_XLKV" % versions.OVERRIDE))
 
 
 def _resolve_group(group, entry, registry, error_type):
@@ -173,17 +261,43 @@ def _resolve_group(group, entry, registry, error_type):
             p["error"] = str(e)
 
 
-def render(info):
-    flag = {"on": "ON", "off": "off (stock vLLM)", "invalid": "NOT RECOGNISED (vLLM refuses to start)"}
+def _vllm_line(info):
     if info["missing_dependencies"]:
-        vllm_line = "vLLM: not checked (missing: %s)" % ", ".join(sorted(info["missing_dependencies"]))
-    else:
-        vllm_line = "vLLM: %s%s" % (info["vllm"] or "not installed", "" if not info["vllm"] else (
-            "  [supported]" if info["supported"] else "  [NOT supported: %s]" % info["supported_range"]))
+        return "vLLM: not checked (missing: %s)" % ", ".join(sorted(info["missing_dependencies"]))
+    rng = info.get("supported_range")
+    if not info.get("vllm"):
+        return "vLLM: not installed in this environment (%s); xlkv_autopatch supports vLLM %s" % (
+            info.get("python_executable"), rng)
+    mark = "supported: %s" % rng if info["supported"] else "NOT supported; supported: %s" % rng
+    if info.get("vllm_version_override_differs"):
+        return "vLLM: %s installed; %s=%s overrides it, so the patch sets of vLLM %s are used  [%s]" % (
+            info.get("vllm_installed") or "none", "XLKV_VLLM_VERSION", info["vllm_version_override"], info["vllm"],
+            mark)
+    return "vLLM: %s  [%s]" % (info["vllm"], mark)
+
+
+def render(info):
+    states = {"on": "on", "off": "off", "invalid": "NOT RECOGNISED"}
     lines = [
-        "xlkv_autopatch %s (python %s)" % (info["xlkv_autopatch"], info["python"]),
-        vllm_line,
-        "ENABLE_XLKV: %r -> %s" % (info["flag"]["value"], flag[info["flag"]["state"]]),
+        "xlkv_autopatch %s at %s (python %s: %s)" % (info["xlkv_autopatch"], info.get("xlkv_autopatch_path"),
+                                                     info["python"], info.get("python_executable")),
+        _vllm_line(info),
+    ]
+    for k in info.get("knobs", []):
+        what = states[k["state"]]
+        if k["name"] == FLAG:
+            what = {"on": "ON", "off": "off (stock vLLM)", "invalid": "NOT RECOGNISED (vLLM refuses to start)"}[
+                k["state"]]
+        elif k["state"] != "invalid" and not (k["value"] or "").strip():
+            what += " (default)"
+        lines.append("%s: %s -> %s" % (k["name"], _shown(k["value"]), what))
+    if "knobs" in info:
+        lines.append("  (each accepts 1/true/yes/on, 0/false/no/off, or unset/empty for its default)")
+    if "vllm_installed" in info:
+        lines.append("XLKV_VLLM_VERSION: %s" % (
+            "%r (the installed package says %s)" % (info["vllm_version_override"], info["vllm_installed"] or "no vLLM")
+            if info.get("vllm_version_override") else "unset (the installed package's metadata decides)"))
+    lines += [
         "start-up hook (.pth): %s" % (", ".join(info["activation"]["pth_files"]) or "not installed"),
         "vLLM plugin entry point: %s" % (", ".join(info["activation"]["plugin_entry_points"]) or "not installed"),
     ]
@@ -207,6 +321,8 @@ def render(info):
                                                  "  " + p["error"] if p.get("error") else ""))
     if info["vllm"] and not any(g["applies"] and g["name"] != "guard" for g in info["patch_sets"]):
         lines.append("no patch set applies to vLLM %s" % info["vllm"])
+    for note in info.get("notes", []):
+        lines.append("NOTE: %s" % note)
     for prob in info["problems"]:
         lines.append("PROBLEM: %s" % prob)
     lines.append("status: %s" % ("OK" if info["ok"] else "NOT OK"))

@@ -1,0 +1,161 @@
+"""``python -m xlkv_autopatch status`` predicts every start-up refusal it can know of: knob values,
+XLKV_VLLM_VERSION, a release without a patch set, kvcached; and says where the shim is and what
+to do without vLLM.  In-process (``__main__.main``) over package metadata of a stand-in vLLM
+(``--no-resolve``: nothing of vLLM is imported); the resolution of real patch targets is
+tests/real/test_real_vllm.py."""
+
+import os
+import re
+
+import pytest
+
+import xlkv_autopatch
+from xlkv_autopatch import __main__ as cli
+
+PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
+OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
+        "VLLM_PLUGINS")
+
+
+@pytest.fixture
+def status(monkeypatch, capsys, tmp_path):
+    """status(vllm=None|"0.33.0", **env) -> (exit code, text)."""
+    for name in OURS:
+        monkeypatch.delenv(name, raising=False)
+
+    def run(vllm=None, *args, **env):
+        for name in OURS:
+            monkeypatch.delenv(name, raising=False)
+        if vllm:
+            d = tmp_path / vllm / ("vllm-%s.dist-info" % vllm)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: %s\n" % vllm)
+            monkeypatch.syspath_prepend(str(tmp_path / vllm))
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        rc = cli.main(["status", "--no-resolve"] + list(args))
+        return rc, capsys.readouterr().out
+
+    return run
+
+
+def problems(text):
+    return [l for l in text.splitlines() if l.startswith("PROBLEM: ")]
+
+
+def test_healthy_configuration_is_ok(status):
+    rc, text = status("0.33.0", ENABLE_XLKV="true")
+    assert rc == 0 and text.endswith("status: OK\n") and problems(text) == [], text
+    assert "vLLM: 0.33.0  [supported: >=0.12,<0.34]" in text
+
+
+@pytest.mark.parametrize("env", [{"XLKV_COALESCE": "garbage"}, {"XLKV_STRICT": "2"}, {"XLKV_STRICT": "ture"},
+                                 {"ENABLE_XLKV": "maybe"}])
+@pytest.mark.parametrize("flag", ["true", None])
+def test_every_knob_error_is_a_problem_and_a_non_zero_exit(status, env, flag):
+    """Issue 25 items 6/7: XLKV_COALESCE=garbage gave "status: OK", exit 0, while every cross-layer
+    worker then stopped with XlkvFlagError; XLKV_STRICT=2 was silently off."""
+    if flag and "ENABLE_XLKV" not in env:
+        env = dict(env, ENABLE_XLKV=flag)
+    rc, text = status("0.33.0", **env)
+    (name, value), = [(k, v) for k, v in env.items() if k != "ENABLE_XLKV" or v == "maybe"]
+    assert rc == 1 and text.endswith("status: NOT OK\n"), text
+    (line,) = [p for p in problems(text) if "%s=%r" % (name, value) in p]
+    assert "accepted: 1/true/yes/on (on), 0/false/no/off (off), or unset/empty" in line and "Fix: " in line
+    assert "%s: %r -> NOT RECOGNISED" % (name, value) in text
+
+
+def test_without_vllm_it_says_where_the_shim_is_the_range_and_what_to_do(status):
+    """Issue 24: "ENABLE_XLKV: None", no word on installing into vLLM's environment or the range."""
+    rc, text = status()
+    assert rc == 1
+    assert "None" not in text and "ENABLE_XLKV: unset -> off (stock vLLM)" in text
+    assert "XLKV_COALESCE: unset -> on (default)" in text and "XLKV_STRICT: unset -> off (default)" in text
+    first = text.splitlines()[0]
+    assert first.startswith("xlkv_autopatch %s at %s " % (xlkv_autopatch.__version__, PKG)), first
+    (line,) = problems(text)
+    assert "vLLM is not installed in this environment" in line and "vLLM >=0.12,<0.34" in line
+    assert "install it into vLLM's environment" in line
+
+
+def test_an_override_naming_another_release_is_shown_with_both_versions(status):
+    """Issue 25 item 5: status printed "vLLM: 0.21.0 [supported]" with 0.33.0 installed."""
+    rc, text = status("0.33.0", ENABLE_XLKV="true", XLKV_VLLM_VERSION="0.21.0")
+    assert "vLLM: 0.33.0 installed; XLKV_VLLM_VERSION=0.21.0 overrides it, so the patch sets of vLLM 0.21.0 are " \
+           "used" in text, text
+    assert "XLKV_VLLM_VERSION: '0.21.0' (the installed package says 0.33.0)" in text
+    rc, text = status("0.33.0", ENABLE_XLKV="true", XLKV_VLLM_VERSION="0.11.2")
+    (line,) = problems(text)
+    assert rc == 1 and "vLLM 0.11.2 is not supported" in line
+    assert "XLKV_VLLM_VERSION=0.11.2" in line and "0.33.0" in line and "Fix: unset XLKV_VLLM_VERSION" in line
+
+
+def test_a_release_without_a_patch_set_is_predicted(status):
+    """0.24.0.devN lies in >=0.12,<0.34 but in no patch set's range: start-up refuses it, so must status."""
+    rc, text = status("0.24.0.dev5", ENABLE_XLKV="true")
+    assert rc == 1 and any("no patch set covers vLLM 0.24.0.dev5" in p and "XLKV_VLLM_VERSION" in p
+                           for p in problems(text)), text
+    rc, text = status("0.24.0.dev5")  # flag off: the same problem, said to come once the flag is on
+    assert rc == 1 and any(p.startswith("PROBLEM: (ENABLE_XLKV is off; once it is on:)") for p in problems(text))
+
+
+def test_kvcached_conflict_is_predicted_without_resolving(status):
+    rc, text = status("0.33.0", ENABLE_XLKV="true", ENABLE_KVCACHED="true")
+    assert rc == 1 and [p for p in problems(text) if "ENABLE_KVCACHED and ENABLE_XLKV are both set" in p], text
+    rc, text = status("0.33.0", ENABLE_KVCACHED="true")
+    assert rc == 0, text  # kvcached alone is not xlkv's business
+
+
+def test_json_has_the_knobs(status):
+    import json
+
+    rc, text = status("0.33.0", "--json", XLKV_STRICT="ture")
+    info = json.loads(text)
+    assert rc == 1 and info["ok"] is False
+    knobs = {k["name"]: k for k in info["knobs"]}
+    assert knobs["XLKV_STRICT"]["state"] == "invalid" and knobs["XLKV_COALESCE"]["state"] == "on"
+    assert info["xlkv_autopatch_path"] == PKG and info["vllm_installed"] == "0.33.0"
+    assert re.match(r"\d+\.\d+\.\d+", info["xlkv_autopatch"])
+
+
+def test_a_patch_set_waiting_for_a_module_vllm_never_imports_is_predicted(tmp_path):
+    """XLKV_VLLM_VERSION=0.16.0 on a vLLM whose connector factory loads NixlConnector from the
+    0.20+ package while the old module still exists: every target may resolve when status
+    imports the old module itself, but vLLM never imports it, so the patch set never attaches
+    and the first NIXL connector stops with XlkvNotAttachedError.  (Subprocess: a stand-in
+    vLLM must not stay in this test process's sys.modules.)"""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    v1 = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1"
+    (v1 / "nixl").mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "distributed", v1.parent.parent, v1.parent, v1):
+        (d / "__init__.py").write_text("")
+    (v1 / "nixl" / "__init__.py").write_text("class NixlConnector:\n    pass\n")
+    (v1 / "nixl_connector.py").write_text("from .nixl import NixlConnector  # an old path kept for imports\n")
+    (v1.parent / "factory.py").write_text(textwrap.dedent("""
+        import importlib
+
+        class KVConnectorFactory:
+            @classmethod
+            def create_connector(cls, config, role, kv_cache_config=None):
+                return cls.get_connector_class_by_name("NixlConnector")()
+
+            @classmethod
+            def get_connector_class_by_name(cls, name):
+                return importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.nixl").NixlConnector
+    """))
+    meta = tmp_path / "vllm-0.33.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n")
+    env = {k: v for k, v in os.environ.items() if k not in OURS + ("PYTHONPATH",)}
+    env.update(PYTHONPATH=str(tmp_path), XLKV_VLLM_VERSION="0.16.0")
+    r = subprocess.run([sys.executable, "-m", "xlkv_autopatch", "status", "--json"], capture_output=True, text=True,
+                       env=env, cwd="/", timeout=120)
+    info = json.loads(r.stdout)
+    (line,) = [p for p in info["problems"] if "waits for the import of" in p]
+    assert "patch set native-0.16" in line and "v1.nixl_connector" in line and "XlkvNotAttachedError" in line
+    assert "XLKV_VLLM_VERSION=0.16.0" in line and "Fix: unset XLKV_VLLM_VERSION" in line
+    assert r.returncode == 1
