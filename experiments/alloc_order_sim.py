@@ -27,6 +27,12 @@ usage: python alloc_order_sim.py [--blocks 23596] [--no-cache D|P|PD] [--out FIL
 --no-cache: whether a side's freed blocks carry prefix-cache hashes decides where vLLM puts them
 (tail when hashed, head when not) and so how fast the free queue fragments; the real servers lie
 between the two, so both are worth a run.
+
+--nixl-check K: the first K measured requests of each policy's last repetition are also moved by
+real NIXL (two agents in this process, UCX on host memory, one descriptor per block as xlkv
+registers them, 256-byte blocks): one READ in vLLM's order and one in transfer_order's, with
+NIXL's telemetry (descCount, what vLLM's KV metrics print) and the bytes checked, next to the
+counts the arithmetic above gave ("nixl" in each such request).
 """
 
 import argparse
@@ -136,6 +142,7 @@ def run_phase(P, D, lens, budget, out_len, measure, tag):
                 loc, rem = D.ids(rid_of(i)), P.ids(rid_of(i))
                 order = layout.ascending_order(loc) or list(range(len(loc)))
                 recs.append({
+                    "_ids": (loc, rem),
                     "blocks": len(loc),
                     "vllm_order": layout.merged_descriptor_count(loc, rem),
                     "transfer_order": layout.merged_descriptor_count([loc[k] for k in order],
@@ -189,6 +196,41 @@ def simulate(a, sort_alloc):
     return phases
 
 
+def nixl_check(num_blocks, recs, block_bytes=256):
+    """Move each request's blocks with real NIXL in vLLM's order and in transfer_order's order
+    (D reads its blocks from P's); adds rec["nixl"] = {vllm_order, transfer_order: NIXL's
+    descCount, bytes_ok}."""
+    import numpy as np
+    from nixl._api import nixl_agent, nixl_agent_config
+    n, bb = num_blocks, block_bytes
+    src = np.random.default_rng(0).integers(0, 255, n * bb, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    cfg = nixl_agent_config(backends=["UCX"], capture_telemetry=True)
+    d_agent, p_agent = nixl_agent("sim-d", cfg), nixl_agent("sim-p", cfg)
+    reg = lambda arr: np.array([[arr.ctypes.data, arr.nbytes, 0]], dtype=np.uint64)  # noqa: E731
+    d_agent.register_memory(reg(dst), "DRAM")
+    p_agent.register_memory(reg(src), "DRAM")
+    remote = d_agent.add_remote_agent(p_agent.get_agent_metadata())
+    table = lambda base: np.array([(base + b * bb, bb, 0) for b in range(n)], dtype=np.uint64)  # noqa: E731
+    lh = d_agent.prep_xfer_dlist("NIXL_INIT_AGENT", table(dst.ctypes.data), "DRAM")
+    rh = d_agent.prep_xfer_dlist(remote, table(src.ctypes.data), "DRAM")
+    for rec in recs:
+        loc, rem = rec["_ids"]
+        order = layout.ascending_order(loc) or list(range(len(loc)))
+        got, ok = {}, True
+        for name, (l_ids, r_ids) in (("vllm_order", (loc, rem)),
+                                     ("transfer_order", ([loc[k] for k in order], [rem[k] for k in order]))):
+            dst[:] = 0
+            h = d_agent.make_prepped_xfer("READ", lh, l_ids, rh, r_ids, b"sim")
+            state = d_agent.transfer(h)
+            while state == "PROC":
+                state = d_agent.check_xfer_state(h)
+            got[name] = int(d_agent.get_xfer_telemetry(h).descCount)
+            d_agent.release_xfer_handle(h)
+            ok &= state == "DONE" and bool((dst.reshape(n, bb)[l_ids] == src.reshape(n, bb)[r_ids]).all())
+        rec["nixl"] = dict(got, bytes_ok=ok)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=23596, help="KV blocks per side (D's registration on 2xH200, 0.26.0)")
@@ -204,6 +246,8 @@ def main(argv=None):
     ap.add_argument("--frag-output-len", type=int, default=16)
     ap.add_argument("--no-cache", default="", help="sides (P, D, PD) whose freed blocks carry no prefix-cache hash")
     ap.add_argument("--seed", type=int, default=77)
+    ap.add_argument("--nixl-check", type=int, default=0, metavar="K",
+                    help="move the first K measured requests of each policy's last repetition with real NIXL")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     import vllm
@@ -212,6 +256,11 @@ def main(argv=None):
            "params": vars(a), "policies": {}}
     for name, sort_alloc in (("vllm_allocation", False), ("sorted_allocation", True)):
         phases = simulate(a, sort_alloc)
+        if a.nixl_check and phases:
+            nixl_check(a.blocks, phases[-1]["requests"][:a.nixl_check])
+        for ph in phases:
+            for r in ph["requests"]:
+                r.pop("_ids", None)
         res["policies"][name] = phases
         for ph in phases:
             print("%-17s rep %d: descriptors per %d-block transfer: vLLM order %.1f, transfer_order %.1f; "
