@@ -21,7 +21,8 @@ def _activate():
 
         activate("sitecustomize")
     except Exception as e:  # the vLLM plugin path raises loudly later
-        sys.stderr.write("xlkv_autopatch: sitecustomize activation failed (%s: %s)\n" % (type(e).__name__, e))
+        if not getattr(sys, "_xlkv_autopatch_pth_ran", False):  # the .pth printed this error already
+            sys.stderr.write("xlkv_autopatch: sitecustomize activation failed (%s: %s)\n" % (type(e).__name__, e))
 
 
 def _chain():

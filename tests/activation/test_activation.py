@@ -148,6 +148,15 @@ def test_unrecognised_flag_value_is_refused_loudly(env_with_pth, value):
     assert r.returncode == 1 and "NOT RECOGNISED" in r.stdout and "Traceback" not in r.stderr
 
 
+def test_a_start_up_error_is_printed_once_per_process(env_with_pth, env_without_pth):
+    """Issue 24: with ENABLE_XLKV=maybe the error line came twice (site.py of a 3.11 venv runs a
+    .pth twice; the checkout's sitecustomize.py repeated it); vLLM's plugin still raises it."""
+    r = run_py(env_with_pth, "pass", ENABLE_XLKV="maybe", PYTHONPATH=ROOT)
+    assert r.stderr.count("ENABLE_XLKV='maybe'") == 1, r.stderr
+    r = run_py(env_without_pth, "pass", ENABLE_XLKV="maybe", PYTHONPATH=ROOT)  # sitecustomize alone says it
+    assert r.stderr.count("ENABLE_XLKV='maybe'") == 1 and "sitecustomize activation failed" in r.stderr, r.stderr
+
+
 @pytest.fixture(scope="session")
 def env_without_wrapt(tmp_path_factory, pkgroot):
     """The shim installed with --no-deps next to packaging but without wrapt."""
