@@ -213,13 +213,22 @@ def test_equivalence_after_a_fragmenting_load_with_fake_vllm(tmp_path):
              EQ_NEGATIVE_CONTROL="shim", EQ_JSON=str(tmp_path / "eq.json"))
     r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "eq.json").read_text())
     assert s["fragment_prompts"] == 6
+    # the checked prompts are equivalent, and the planted corruption after the load is detected
+    assert s["pass"] is True and s["equivalence_pass"] is True and s["negative_control_pass"] is True, s
+    assert [x["label"] for x in s["runs"]] == ["local:shim", "pd:shim", "pd:nc-shim"]
     assert r.stderr.count("fragmenting the free block queues: 6 prompts") == 2, r.stderr[-3000:]
-    for cfg in ("shim", "nc-shim"):
-        log = (tmp_path / "work" / ("eq-fragment-%s.log" % cfg)).read_text()
-        assert "Successful requests: 6" in log, log[-1000:]  # all 6 went through the proxy
-    assert any(x["label"] == "pd:shim" for x in s["runs"]) and s["pass"] is not None
+    work = tmp_path / "work"
+    for cfg, checked in (("shim", ("eq-local-shim.json", "eq-pd-shim.json")), ("nc-shim", ("eq-pd-nc-shim.json",))):
+        frag = work / ("eq-fragment-%s.log" % cfg)
+        assert "Successful requests: 6" in frag.read_text(), frag.read_text()[-1000:]  # all 6 went through
+        # the load had finished (its log's last write) before the first checked prompt was sent:
+        # a run's file is written when its last answer is in, its requests took sum(seconds)
+        first = work / checked[0]
+        started = first.stat().st_mtime - sum(x["seconds"] for x in json.loads(first.read_text())["results"])
+        assert frag.stat().st_mtime <= started + 0.05, (cfg, frag.stat().st_mtime, started)
 
 
 @aiohttp_needed
