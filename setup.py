@@ -1,21 +1,38 @@
-"""Build hook: put ``xlkv_autopatch.pth`` into editable (PEP 660) wheels too.
+"""Build hooks: ``xlkv_autopatch.pth`` generated from its readable source, in regular and
+editable (PEP 660) wheels alike.
 
-All metadata lives in setup.cfg.  Regular wheels get the ``.pth`` through
-``package_data = ../xlkv_autopatch.pth``; setuptools' editable wheels contain only
-their own path finder, so ``pip install -e .`` would silently install no start-up
-hook.  This override adds the file (and its RECORD line) to the editable wheel.
+All metadata lives in setup.cfg.  The .pth line is rendered at build time by
+``xlkv_autopatch/_pth.py`` (standard library only; ENABLE_XLKV's off values come from
+``flag.FALSY``).  Regular wheels get it at their root (``package_data =
+../xlkv_autopatch.pth`` puts the committed copy there, which :class:`BuildPyWithPth`
+replaces with the rendering); setuptools' editable wheels contain only their own path
+finder, so ``pip install -e .`` would silently install no start-up hook:
+:class:`EditableWheelWithPth` adds the file (and its RECORD line).  The committed
+``xlkv_autopatch.pth`` is kept equal to the rendering by tests/unit/test_pth.py.
 """
 import base64
 import glob
 import hashlib
 import os
+import sys
 import zipfile
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
 PTH = "xlkv_autopatch.pth"
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rendered_pth():
+    """The .pth line from xlkv_autopatch/_pth.py of this source tree (bytes)."""
+    sys.path.insert(0, HERE)
+    try:
+        from xlkv_autopatch._pth import render
+    finally:
+        sys.path.remove(HERE)
+    return render().encode()
 
 
 def _record_line(name, data):
@@ -23,10 +40,9 @@ def _record_line(name, data):
     return "%s,sha256=%s,%d" % (name, digest, len(data))
 
 
-def add_pth_to_wheel(wheel_path, pth_path=os.path.join(HERE, PTH)):
-    """Rewrite ``wheel_path`` with the .pth at its root and listed in RECORD."""
-    with open(pth_path, "rb") as f:
-        pth = f.read()
+def add_pth_to_wheel(wheel_path, pth=None):
+    """Rewrite ``wheel_path`` with the .pth (bytes; default: the rendering) at its root and in RECORD."""
+    pth = rendered_pth() if pth is None else pth
     tmp = wheel_path + ".tmp"
     with zipfile.ZipFile(wheel_path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
         names = src.namelist()
@@ -44,6 +60,13 @@ def add_pth_to_wheel(wheel_path, pth_path=os.path.join(HERE, PTH)):
     os.replace(tmp, wheel_path)
 
 
+class BuildPyWithPth(build_py):
+    def run(self):
+        super().run()
+        with open(os.path.join(self.build_lib, PTH), "wb") as f:
+            f.write(rendered_pth())
+
+
 class EditableWheelWithPth(editable_wheel):
     def run(self):
         super().run()
@@ -53,4 +76,4 @@ class EditableWheelWithPth(editable_wheel):
         add_pth_to_wheel(max(wheels, key=os.path.getmtime))
 
 
-setup(cmdclass={"editable_wheel": EditableWheelWithPth})
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
