@@ -36,11 +36,92 @@ def test_matrix_rows_are_well_formed():
             assert row["descriptors_per_block_xlkv"] <= 2 < row["descriptors_per_block_stock"]
 
 
-def test_gpu_column_names_result_files_that_exist():
-    gpu = json.load(open(os.path.join(ROOT, "experiments", "results", "gpu-proven.json")))
-    for release, entry in gpu.items():
-        if release.startswith("_"):
+GPU_PROVEN = os.path.join(ROOT, "experiments", "results", "gpu-proven.json")
+
+
+def _claim_problems(release, gpu_text, claims):
+    """Why the GPU column's words for one release are not what its result files say ([] if they are)."""
+    bad = []
+    if not claims:
+        return ["no claims"]
+    for c in claims:
+        says, where = c["says"], "%s %r (%s)" % (release, c["says"], c["file"])
+        if says not in gpu_text:
+            bad.append("%s: not in the column's text" % where)
+        path = os.path.join(ROOT, "experiments", "results", c["file"])
+        if not os.path.exists(path):
+            bad.append("%s: no such file" % where)
             continue
-        assert entry["files"], release
-        for f in entry["files"]:
-            assert os.path.exists(os.path.join(ROOT, "experiments", "results", f)), (release, f)
+        doc = json.load(open(path))
+        fields = c.get("fields", {})
+        if doc.get("vllm_version") != release:
+            bad.append("%s: the file is of vLLM %s" % (where, doc.get("vllm_version")))
+        for k, v in fields.items():
+            if doc.get(k) != v:
+                bad.append("%s: %s is %r in the file, the claim needs %r" % (where, k, doc.get(k), v))
+        for cfg in c.get("configs", []):
+            if cfg not in (doc.get("configs") or {}):
+                bad.append("%s: no config %s in the file" % (where, cfg))
+        cells = doc.get("cells") or []
+        for want in c.get("cells", []):
+            hit = [x for x in cells if all(x.get(k) == v for k, v in want.items())]
+            if not hit or not all(set(x.get("completed") or [0]) == {want["num_prompts"]} for x in hit):
+                bad.append("%s: no complete cell %s in the file" % (where, want))
+        if "ratio" in c:
+            r = c["ratio"]
+            ttft = {x["config"]: x.get("mean_ttft_ms_mean") for x in cells
+                    if x.get("num_prompts") == r["num_prompts"] and x.get("input_len") == r["input_len"]}
+            got = round(ttft["stock"] / ttft["shim"], 2) if ttft.get("stock") and ttft.get("shim") else None
+            if got != r["stock/shim"]:
+                bad.append("%s: stock/shim TTFT is %s in the file" % (where, got))
+        # what the words claim, the claim must check
+        need = {}
+        if "PASS" in says:
+            need.update(pass_=True, equivalence_pass=True)
+        if "logprobs" in says:
+            need["logprob_pass"] = True
+        if "negative control" in says:
+            need["negative_control_pass"] = True
+        for a, b in re.findall(r"TP (\d+)→(\d+)", says):
+            need.update(tp_p=int(a), tp_d=int(b))
+        for n in re.findall(r"(\d+)×H200", says):
+            need["gpu"] = "%sxH200" % n
+        for n in re.findall(r"(\d+)-request fragmenting load", says):
+            need["fragment_prompts"] = int(n)
+        for k, v in need.items():
+            if fields.get(k.rstrip("_")) != v:
+                bad.append("%s: the words need %s=%r among the claim's fields" % (where, k.rstrip("_"), v))
+        same = [x for x in claims if x["says"] == says]
+        for n, m in re.findall(r"(\d+)×(\d+)", says):
+            if not any(w.get("num_prompts") == int(n) and w.get("input_len") == int(m)
+                       for x in same for w in x.get("cells", [])):
+                bad.append("%s: no claim of that text checks a %s×%s cell" % (where, n, m))
+        m = re.search(r"stock/shim (\d+\.\d+)×", says)
+        if m and float(m.group(1)) != c.get("ratio", {}).get("stock/shim"):
+            bad.append("%s: the ratio %s is not checked" % (where, m.group(1)))
+    # every result word of the column lies inside a claim's words
+    spans = [(i, i + len(c["says"])) for c in claims for i in [gpu_text.find(c["says"])] if i >= 0]
+    for word in re.finditer(r"PASS|\d+×H200|\d+×\d+|TTFT|fragment\w*", gpu_text):
+        if not any(a <= word.start() and word.end() <= b for a, b in spans):
+            bad.append("%s: %r at %d is backed by no claim" % (release, word.group(), word.start()))
+    return bad
+
+
+def test_gpu_column_says_what_its_result_files_say():
+    gpu = json.load(open(GPU_PROVEN))
+    problems = []
+    for release, entry in gpu.items():
+        if not release.startswith("_"):
+            problems += _claim_problems(release, entry["gpu"], entry.get("claims"))
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_gpu_column_check_catches_a_claim_its_file_contradicts():
+    # the 0.21.0 column as it stood: "equivalence PASS (TP 1→1, 2→2)" with the default-kernel
+    # equivalence file (equivalence_pass false) and no TP 2→2 file
+    claims = [{"says": "2×H200: equivalence PASS (TP 1→1, 2→2)",
+               "file": "2026-11-22-equivalence-0.21.0-2xH200.json",
+               "fields": {"pass": True, "equivalence_pass": True, "gpu": "2xH200", "tp_p": 1, "tp_d": 1}}]
+    bad = _claim_problems("0.21.0", "2×H200: equivalence PASS (TP 1→1, 2→2), 64×10240 TTFT", claims)
+    assert any("equivalence_pass is False in the file" in b for b in bad), bad
+    assert any("'64×10240' at" in b for b in bad), bad  # a result word no claim backs
