@@ -9,7 +9,9 @@ import sys
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m xlkv_autopatch")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    st = sub.add_parser("status", help="installed vLLM, flag, activation paths and which patches apply")
+    st = sub.add_parser("status", help="where the shim is, the installed vLLM, every knob, the activation paths, "
+                                       "which patches apply, and every start-up refusal it can predict "
+                                       "(exit 1 with a PROBLEM line each)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--no-resolve", action="store_true", help="do not import vLLM to resolve patch targets")
     args = parser.parse_args(argv)

@@ -110,6 +110,16 @@ def collect(resolve=True):
                         "install made before the version changed?). Fix: pip install -e <checkout> (or the new "
                         "release) again, so that pip, the entry point and the .pth match the code"
                         % (meta_version, path, __version__))
+    from ._pth import render
+
+    for pth in out["activation"]["pth_files"]:
+        try:
+            stale = open(pth).read() != render()
+        except OSError:
+            stale = False
+        if stale:
+            notes.append("%s is not the start-up hook of this version (%s): an install older than the code? Fix: "
+                         "reinstall xlkv_autopatch into this environment" % (pth, __version__))
     for k in KNOBS:  # every knob error, predicted: with ENABLE_XLKV on, activate() refuses each one
         err = knob_error(k.name)
         if err and k.name != FLAG and state == "off":

@@ -159,3 +159,20 @@ def test_a_patch_set_waiting_for_a_module_vllm_never_imports_is_predicted(tmp_pa
     assert "patch set native-0.16" in line and "v1.nixl_connector" in line and "XlkvNotAttachedError" in line
     assert "XLKV_VLLM_VERSION=0.16.0" in line and "Fix: unset XLKV_VLLM_VERSION" in line
     assert r.returncode == 1
+
+
+def test_a_stale_start_up_hook_or_metadata_is_noted(status, monkeypatch, tmp_path):
+    """An editable install copies the .pth once: after an upgrade of the checkout it is the old hook
+    (e.g. without the once-per-process guard).  A NOTE, not a failure: it still works."""
+    from xlkv_autopatch import _pth, report
+
+    old = tmp_path / "xlkv_autopatch.pth"
+    old.write_text(_pth.render().replace(" and not getattr(sys, '%s', False)" % _pth.MARK, ""))
+    fresh = tmp_path / "fresh" / "xlkv_autopatch.pth"
+    fresh.parent.mkdir()
+    fresh.write_text(_pth.render())
+    monkeypatch.setattr(report, "pth_files", lambda: [str(old), str(fresh)])
+    rc, text = status("0.33.0")
+    notes = [l for l in text.splitlines() if l.startswith("NOTE: ")]
+    assert [n for n in notes if str(old) in n and "reinstall" in n] and not [n for n in notes if str(fresh) in n]
+    assert rc == 0, text
