@@ -33,6 +33,10 @@ class ReleaseFacts:
     fa_heads_outermost: bool
     #: backends upstream's cross-layer guard accepts
     cross_layer_backends: Tuple[str, ...]
+    #: the worker's ``get_finished`` post-processes a failed receive like a finished one and
+    #: looks its remote engine up, which a refused handshake never recorded (0.12-0.21: a
+    #: KeyError that ends the worker; 0.22+ skip failed receives)
+    failed_recv_looks_up_engine: bool = False
 
 
 def facts_for(release):
@@ -45,6 +49,7 @@ def facts_for(release):
         kv_cache_layouts=rel >= (0, 29, 0),
         fa_heads_outermost=rel < (0, 23, 0) or (0, 26, 0) <= rel < (0, 29, 0),
         cross_layer_backends=BACKENDS_0_20 if rel >= (0, 20, 0) else BACKENDS_0_16,
+        failed_recv_looks_up_engine=rel < (0, 22, 0),
     )
 
 

@@ -9,7 +9,8 @@ model_runner               VllmConfig.use_v2_model_runner                       
 kv_cache_layout            NixlConnector.get_required_kvcache_layout            0.29-0.33
 compat_hash                compute_nixl_compatibility_hash (worker module)      0.16-0.33
 handshake                  NixlConnectorWorker._nixl_handshake,                 0.13-0.33
-                           NixlConnectorWorker.add_remote_agent                 0.12-0.33
+                           NixlConnectorWorker.add_remote_agent,                0.12-0.33
+                           NixlConnectorWorker.get_finished                     0.12-0.23
 block_count                NixlConnectorWorker.register_kv_caches               0.12-0.33
 multi_connector            MultiConnector.prefer_cross_layer_blocks,            0.12-0.28
                            MultiConnector.register_cross_layers_kv_cache        0.12-0.13
@@ -63,15 +64,19 @@ def refuse_kvcached():
             % ("/".join(on), on[0]))
 
 
-def _worker_specs(module, worker_cls, register=True, handshake_hash=True):
-    """add_remote_agent, _nixl_handshake (releases with a compatibility hash), register_kv_caches."""
+def _worker_specs(module, worker_cls, register=True, handshake_hash=True, failed_recv=False):
+    """add_remote_agent, _nixl_handshake (releases with a compatibility hash), register_kv_caches,
+    get_finished (releases whose failure path looks up a refused engine: facts.py)."""
     specs = [
         PatchSpec("handshake.validate", module, worker_cls, "add_remote_agent", "method",
                   handshake.validate_wrapper, params=ADD_REMOTE_AGENT_PARAMS),
     ]
+    if failed_recv:
+        specs.append(PatchSpec("handshake.failed_recv", module, worker_cls, "get_finished", "method",
+                               handshake.finished_wrapper, params=("self",)))
     if handshake_hash:
         specs.append(PatchSpec("handshake.explain_mismatch", module, worker_cls, "_nixl_handshake", "method",
-                               handshake.handshake_wrapper))
+                               handshake.handshake_wrapper, params=("self", "host", "port", "remote_tp_size", "...")))
     if register:
         specs.append(PatchSpec("block_count.register_kv_caches", module, worker_cls, "register_kv_caches", "method",
                                block_count.register_wrapper, params=("self", "kv_caches")))
@@ -99,7 +104,7 @@ def _backport_group(name, rng, prefer, handshake_hash=True):
         PatchSpec("cross_layer_registration.redirect", N, "NixlConnector", "register_cross_layers_kv_cache",
                   "method", cross_layer_registration.redirect_wrapper, params=XL_REGISTER_PARAMS,
                   on_named_class=True),
-    ] + _worker_specs(N, "NixlConnectorWorker", handshake_hash=handshake_hash)),
+    ] + _worker_specs(N, "NixlConnectorWorker", handshake_hash=handshake_hash, failed_recv=True)),
         precheck=refuse_kvcached)
 
 
@@ -121,10 +126,12 @@ def all_groups():
             "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "property",
             cross_layer_preference.backport_property_wrapper, on_named_class=True)),
         PatchGroup("native-0.16", N, ">=0.16,<0.20", tuple(
-            [_native_prefer(N, "NixlConnector"), _hash_spec(N, HASH_0_16)] + _worker_specs(N, "NixlConnectorWorker")),
+            [_native_prefer(N, "NixlConnector"), _hash_spec(N, HASH_0_16)]
+            + _worker_specs(N, "NixlConnectorWorker", failed_recv=True)),
             precheck=refuse_kvcached),
         PatchGroup("native-0.20", PKG, ">=0.20,<0.24", tuple(
-            [_native_prefer(C, "NixlConnector"), _hash_spec(W, HASH_0_16)] + _worker_specs(W, "NixlConnectorWorker")),
+            [_native_prefer(C, "NixlConnector"), _hash_spec(W, HASH_0_16)]
+            + _worker_specs(W, "NixlConnectorWorker", failed_recv=True)),
             precheck=refuse_kvcached),
         PatchGroup("native-0.24", PKG, ">=0.24,<0.28", tuple(
             [_native_prefer(C, "NixlConnector"), _hash_spec(BW, HASH_0_16)]

@@ -15,12 +15,21 @@ How
     metadata is first used; vLLM's own block-size and TP arithmetic runs inside it) is
     wrapped to check block size and TP slicing before any of that runs (only where this
     worker registered xlkv's cross-layer layout; a block-size refusal tells a different
-    ``--block-size`` from a different attention kernel block), and on 0.12, which has no
-    hash, to compare the region layout on either side.  Release differences (hash or
-    not, which layouts keep heads outermost) come from facts.py.
+    ``--block-size`` from a different attention kernel block), and to compare the layouts
+    both sides registered (region counts up to 0.28, the published KV-cache layout name
+    from 0.29): that is what refuses a one-sided flag on 0.12, which has no hash, and where
+    the hash check is off (``enforce_handshake_compat: false``), before vLLM's own
+    block-length assertions.  On 0.29+ a hash mismatch between a block-outermost side and a
+    side with another TP size is refused as heterogeneous TP (a rank with one KV head keeps
+    the stock layout, kv_cache_layout.py).  ``get_finished`` (0.12-0.21) completes the
+    receives whose handshake failed without vLLM's post-processing, which looked up the
+    refused remote engine (KeyError: the decode worker died); 0.22+ skip failed receives
+    themselves.  Release differences (hash or not, which layouts keep heads outermost,
+    the failure path) come from facts.py.
 vLLM versions
     ``_nixl_handshake`` 0.13-0.33; ``add_remote_agent`` 0.12-0.33 (owner:
-    NixlConnectorWorker up to 0.23, NixlBaseConnectorWorker from 0.24).
+    NixlConnectorWorker up to 0.23, NixlBaseConnectorWorker from 0.24); ``get_finished``
+    0.12-0.23 (acting on 0.12-0.21).
 Removal
     When the layout is part of upstream's handshake checks for every supported release.
 """
@@ -30,10 +39,27 @@ import re
 
 from .. import facts, layout
 from ..errors import XlkvMismatchError
+from ..logs import logger
 from . import _state
-from ._glue import bind
+from ._glue import NIXL_CONNECTORS, bind
 
-LOCAL_PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV unset here, or xlkv kept the stock layout)"
+#: this side runs the shim (the handshake wrappers exist only with ENABLE_XLKV on), so its stock
+#: layout is always a fallback with a cause
+LOCAL_PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV is set here, but xlkv kept the stock layout)"
+
+LOCAL_FIX = ("Fix: remove the cause named above on this engine, so that both engines run xlkv's layout, or unset "
+             "ENABLE_XLKV on the remote engine, so that both run the stock layout")
+
+OTHER_CONFIGURATION = (
+    "xlkv's cross-layer KV layout for another configuration: vLLM's compatibility hash also covers the model, dtype, "
+    "KV cache dtype, attention backend, vLLM release and, on recent releases, whether the hybrid KV cache manager is "
+    "on, which vLLM turns off for a MultiConnector whose other connector does not support it")
+OTHER_FIX = ("Fix: run the same model, dtype, attention backend, vLLM release and KV connector list (a MultiConnector "
+             "with the same connectors, or a plain NixlConnector) on both sides")
+
+#: 0.29+: vLLM hashes no KV layout, so a peer without xlkv publishes the same hash whatever its layout
+REMOTE_UNTAGGED_FIX = ("Fix: set ENABLE_XLKV=true on the remote engine as well (an explicit VLLM_KV_CACHE_LAYOUT=%s "
+                       "there may stay), or unset it on both" % layout.BLOCK_OUTERMOST_LAYOUT)
 
 FIX = ("Fix: set ENABLE_XLKV=true on BOTH prefill and decode (or unset it on both), with the same "
        "xlkv_autopatch, vLLM release and connector configuration (a MultiConnector on one side only "
@@ -61,7 +87,19 @@ def _local_cause():
     return ("; here: %s" % "; ".join(reasons)) if reasons else ""
 
 
-def _explain(local, remote):
+def _connectors_here(worker):
+    """'; this engine runs NixlConnector inside a MultiConnector with X' where that is so."""
+    cfg = getattr(getattr(worker, "vllm_config", None), "kv_transfer_config", None)
+    if getattr(cfg, "kv_connector", None) != "MultiConnector":
+        return ""
+    children = (getattr(cfg, "kv_connector_extra_config", None) or {}).get("connectors") or []
+    others = sorted({c.get("kv_connector") for c in children if isinstance(c, dict)} - set(NIXL_CONNECTORS))
+    if not others:
+        return ""
+    return "; this engine runs its NixlConnector inside a MultiConnector with %s" % ", ".join(map(str, others))
+
+
+def _explain(local, remote, worker=None):
     """(what this engine runs, what the remote runs, the fix) or None when xlkv cannot tell."""
     ours, theirs = _state.describe_hash(local), _state.describe_hash(remote)
     if theirs is None and remote and local and remote == layout.tag_hash(local):
@@ -69,19 +107,31 @@ def _explain(local, remote):
         ours, theirs = LOCAL_PER_LAYER, _state.XLKV
     if theirs is None:
         if remote and remote.startswith(layout.HASH_PREFIX):
-            return (ours or LOCAL_PER_LAYER, "xlkv's cross-layer KV layout for another configuration (model, dtype, "
-                    "block size, attention backend or vLLM release differ)",
-                    "Fix: run the same model, dtype, --block-size, attention backend and vLLM release on both sides")
+            here = _state.XLKV if ours == _state.XLKV else LOCAL_PER_LAYER + _local_cause()
+            return here + _connectors_here(worker), OTHER_CONFIGURATION, OTHER_FIX
         return None
     ours = ours or "a configuration xlkv does not recognise"
-    if ours == LOCAL_PER_LAYER or ours == _state.PER_LAYER:
-        ours = LOCAL_PER_LAYER + _local_cause()
-        fix = ("Fix: remove the cause named above on this engine, or set ENABLE_XLKV=true on it, so that both "
-               "engines run xlkv's layout (or unset ENABLE_XLKV on both)")
-        return ours, theirs, fix
+    if _state.is_untagged(ours) or ours == LOCAL_PER_LAYER:
+        return LOCAL_PER_LAYER + _local_cause(), theirs, LOCAL_FIX
+    if theirs == _state.UNTAGGED_0_29:
+        return ours, theirs + ". " + REMOTE_STOCK_CAUSES, REMOTE_UNTAGGED_FIX
     if theirs == _state.PER_LAYER:
         return ours, theirs + ". " + REMOTE_STOCK_CAUSES, FIX
     return ours, theirs, FIX
+
+
+def _tp_refusal(instance, remote_tp, ours, theirs):
+    """0.29+: a block-outermost layout on one side and another TP size on the other (the stock
+    layout is kept at one KV head per rank, so the sides of a TP 1 -> 2 pair differ)."""
+    local_tp = _local_tp(instance)
+    if not isinstance(remote_tp, int) or remote_tp == local_tp or not facts.current().kv_cache_layouts:
+        return None
+    decision = layout.heterogeneous_tp_supported(cross_layer=True, tp_ratio=2, blocks_first=False,
+                                                 whole_row_layout=True)
+    return XlkvMismatchError(
+        "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: heterogeneous TP with xlkv's layout on "
+        "either side: %s (this engine runs %s; the remote engine runs %s). Fix: use the same tensor-parallel size on "
+        "both, or unset ENABLE_XLKV on both" % (remote_tp, local_tp, decision.reason, ours, theirs))
 
 
 def handshake_wrapper(wrapped, instance, args, kwargs):
@@ -91,13 +141,35 @@ def handshake_wrapper(wrapped, instance, args, kwargs):
         text = str(err)
         if "compatibility hash mismatch" not in text:
             raise
-        explained = _explain(getattr(instance, "compat_hash", None) or _hash_in(text, "Local"), _hash_in(text, "Remote"))
+        explained = _explain(getattr(instance, "compat_hash", None) or _hash_in(text, "Local"), _hash_in(text, "Remote"),
+                             instance)
         if explained is None:
             raise  # not a layout difference xlkv can name: keep vLLM's message
         ours, theirs, fix = explained
+        tp = _tp_refusal(instance, bind(args, kwargs, "host", "port", "remote_tp_size")[2], ours, theirs)
+        if tp is not None and _state.XLKV in (ours, theirs):
+            raise tp from err
         raise XlkvMismatchError(
             "xlkv_autopatch: NIXL handshake refused: this %s engine runs %s; the remote engine runs %s. %s"
             % (_role(instance), ours, theirs, fix)) from err
+def finished_wrapper(wrapped, instance, args, kwargs):
+    """0.12-0.21: complete the receives that failed (a refused or broken handshake) without vLLM's
+    post-processing of received blocks, which looks up the remote engine a refused handshake
+    never recorded (KeyError: the worker dies); 0.22+ skip failed receives themselves."""
+    pending = getattr(instance, "_failed_recv_reqs", None)
+    metadata = getattr(instance, "_recving_metadata", None)
+    if not pending or not isinstance(metadata, dict) or not facts.current().failed_recv_looks_up_engine:
+        return wrapped(*args, **kwargs)
+    failed = set(pending)
+    pending.difference_update(failed)
+    for req_id in failed:
+        metadata.pop(req_id, None)  # what vLLM does for every finished receive; no KV to post-process
+    done_sending, done_recving = wrapped(*args, **kwargs)
+    logger.info("xlkv_autopatch: request(s) %s: the KV receive failed (vLLM logged why); reported finished with "
+                "their blocks invalid (vLLM 0.22+ do the same), and this worker keeps serving", sorted(failed))
+    return done_sending, set(done_recving) | failed
+
+
 def _role(worker):
     cfg = getattr(worker, "kv_transfer_config", None) or getattr(getattr(worker, "vllm_config", None),
                                                                 "kv_transfer_config", None)
@@ -133,6 +205,37 @@ def _block_size_refusal(meta, local_bs, remote_bs, logical):
         "on both" % (engine, remote_bs, here))
 
 
+def _layout_refusal(instance, meta, cross, f):
+    """The two sides registered different layouts (one cross-layer, one per-layer).  vLLM's
+    compatibility hash catches that first where it is enforced; 0.12 has no hash, and with
+    ``enforce_handshake_compat: false`` vLLM would go on to its own block-length assertions."""
+    remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
+    local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
+    names = (getattr(instance, "kv_cache_layout", None), getattr(meta, "kv_cache_layout", None))
+    remote_cross = layout.remote_cross_layer(
+        local_cross=cross, local_regions=local_regions, remote_regions=remote_regions,
+        **(dict(local_layout=names[0], remote_layout=names[1]) if f.kv_cache_layouts else {}))
+    if remote_cross is None:
+        return None
+    regions = ("this engine registered %d region(s) (KV layout %s), the remote engine %d (KV layout %s)"
+               % (local_regions, names[0], remote_regions, names[1]) if f.kv_cache_layouts else
+               "this engine registered %d region(s), the remote engine %d" % (local_regions, remote_regions))
+    if not f.has_compat_hash:
+        why = "vLLM %s compares no compatibility hash" % ".".join(map(str, f.release[:2]))
+    elif getattr(instance, "enforce_compat_hash", True) is False:
+        why = "vLLM's compatibility-hash check is off here (enforce_handshake_compat: false)"
+    else:
+        why = "the compatibility hashes matched"
+    if cross:
+        return XlkvMismatchError(
+            "xlkv_autopatch: NIXL handshake refused: this engine runs %s; the remote engine runs %s (%s; %s, so xlkv "
+            "compared the registered layouts). %s" % (_state.XLKV, _state.PER_LAYER, regions, why, FIX))
+    return XlkvMismatchError(
+        "xlkv_autopatch: NIXL handshake refused: this engine runs %s%s; the remote engine runs xlkv's cross-layer KV "
+        "layout, or another model (%s; %s, so xlkv compared the registered layouts). %s"
+        % (LOCAL_PER_LAYER, _local_cause(), regions, why, LOCAL_FIX))
+
+
 def validate_wrapper(wrapped, instance, args, kwargs):
     meta, _rank, remote_tp = bind(args, kwargs, "nixl_agent_meta", "remote_tp_rank", "remote_tp_size")
     remote_tp = 1 if remote_tp is None else remote_tp  # the signature's default
@@ -155,17 +258,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "
                     "tensor-parallel size on both, or unset ENABLE_XLKV on both" % (remote_tp, local_tp,
                                                                                     decision.reason))
-    if not f.has_compat_hash:  # 0.12: compare the region layout directly, on both sides
-        remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
-        local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
-        if remote_regions != local_regions:
-            if cross:
-                raise XlkvMismatchError(
-                    "xlkv_autopatch: NIXL handshake refused: this engine registered %d cross-layer region(s) (%s), "
-                    "the remote engine %d per-layer regions (the stock layout: ENABLE_XLKV unset there). %s"
-                    % (local_regions, _state.XLKV, remote_regions, FIX))
-            raise XlkvMismatchError(
-                "xlkv_autopatch: NIXL handshake refused: this engine registered %d per-layer regions (%s%s), the "
-                "remote engine %d region(s) (xlkv's cross-layer layout, or another model). %s"
-                % (local_regions, LOCAL_PER_LAYER, _local_cause(), remote_regions, FIX))
+    refusal = _layout_refusal(instance, meta, cross, f)
+    if refusal is not None:
+        raise refusal
     return wrapped(*args, **kwargs)
