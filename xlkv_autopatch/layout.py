@@ -37,13 +37,15 @@ def cross_layer_decision(
     num_kv_groups: int = 1,
     host_buffer: bool = False,
     explicit_opt_in: Optional[str] = None,
+    env_layout: Optional[str] = None,
 ) -> Decision:
     """Should this worker use one cross-layer KV tensor (vLLM 0.12-0.28)?
 
     Mirrors the guards upstream vLLM applies to its own opt-in (backend allow-list, HND
     layout, no Mamba) plus the ones the shim needs (no MLA, one KV group, no host
     buffer).  ``explicit_opt_in`` is the user's ``enable_cross_layers_blocks`` value, if
-    any: an explicit false wins over ENABLE_XLKV.
+    any: an explicit false wins over ENABLE_XLKV.  ``env_layout``: the user's
+    ``VLLM_KV_CACHE_LAYOUT``, named when it is what makes the layout other than HND.
     """
     if explicit_opt_in is not None and str(explicit_opt_in).strip().lower() != "true":
         return Decision(False, "kv_connector_extra_config sets enable_cross_layers_blocks=%s" % explicit_opt_in)
@@ -56,6 +58,9 @@ def cross_layer_decision(
     if backend not in allowed_backends:
         return Decision(False, "attention backend %s is not in %s" % (backend, ", ".join(allowed_backends)))
     if kv_layout != "HND":
+        if env_layout and env_layout.strip().upper() == str(kv_layout).upper():
+            return Decision(False, "VLLM_KV_CACHE_LAYOUT=%s is set explicitly, and cross-layer blocks need the HND "
+                                   "layout (unset it, or set it to HND)" % env_layout)
         return Decision(False, "KV cache layout is %s; cross-layer blocks need HND" % kv_layout)
     if host_buffer:
         return Decision(False, "host-buffer mode (kv_buffer_device differs from the device) copies per layer")
@@ -73,6 +78,42 @@ def layout_decision(*, stock: Optional[str], env_layout: Optional[str]) -> Decis
     if env_layout:
         return Decision(False, explicit_layout_reason(env_layout))
     return Decision(True, "block-outermost %s: one contiguous row per block across all layers" % BLOCK_OUTERMOST_LAYOUT)
+
+
+def block_outermost_gain(kv_heads_per_rank: Optional[int]) -> Decision:
+    """Does a block-outermost layout (vLLM >= 0.29) save descriptors on a rank with this many KV
+    heads?
+
+    vLLM registers a block-outermost row as one region only where a layer's page inside the
+    row is not contiguous on its own.  With one KV head per rank (the number of KV heads equal
+    to the TP size, or MQA) every layer's page is contiguous, so vLLM registers one region per
+    layer whose blocks are a whole row apart: one descriptor per layer and block, the stock
+    count, and NIXL can no longer merge consecutive blocks, which it does for the stock layout
+    (8 ascending blocks of the 4-layer harness model: 32 descriptors instead of 4).
+    """
+    if kv_heads_per_rank == 1:
+        return Decision(False, "one KV head per tensor-parallel rank: vLLM registers a block-outermost layout as one "
+                               "NIXL region per layer then, which moves as many descriptors per block as the stock "
+                               "layout and cannot merge consecutive blocks")
+    return Decision(True, "%s KV heads per rank" % kv_heads_per_rank)
+
+
+def remote_cross_layer(*, local_cross: bool, local_regions: int, remote_regions: int,
+                       local_layout: Optional[str] = None, remote_layout: Optional[str] = None) -> Optional[bool]:
+    """Does the peer's registered layout differ from this worker's?  None where they agree,
+    else whether the peer's is the cross-layer one.
+
+    vLLM >= 0.29 publish their KV-cache layout name: a whole-row layout is cross-layer.  Older
+    releases publish the registered regions: a cross-layer tensor is 1 region (2 for K/V on
+    blocks-first backends), the stock layout one per layer (and K/V), so a different region
+    count on the same model is the other layout.
+    """
+    if local_layout and remote_layout:
+        remote = remote_layout in WHOLE_ROW_LAYOUTS
+        return None if remote == (local_layout in WHOLE_ROW_LAYOUTS) else remote
+    if local_regions == remote_regions:
+        return None
+    return not local_cross
 
 
 def infer_kernel_block_size(numel: int, num_blocks: int, num_layers: int, num_kv_heads: int, head_size: int,

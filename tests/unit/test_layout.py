@@ -152,3 +152,34 @@ def test_ascending_order_of_a_numpy_array_matches_the_list_rule():
 def test_merged_descriptor_count_needs_pairs():
     with pytest.raises(ValueError):
         L.merged_descriptor_count([1, 2], [1])
+
+
+def test_block_outermost_layout_only_where_it_saves_descriptors():
+    # one KV head per rank: vLLM registers one region per layer, no fewer descriptors than stock
+    one = L.block_outermost_gain(1)
+    assert not one.use and "one KV head per tensor-parallel rank" in one.reason
+    assert L.block_outermost_gain(2).use and L.block_outermost_gain(8).use
+    assert L.block_outermost_gain(None).use  # unknown: vLLM's own registration decides
+
+
+def test_remote_layout_comparison():
+    # <= 0.28: region counts (cross-layer 1, stock one per layer)
+    assert L.remote_cross_layer(local_cross=True, local_regions=1, remote_regions=1) is None
+    assert L.remote_cross_layer(local_cross=True, local_regions=1, remote_regions=8) is False
+    assert L.remote_cross_layer(local_cross=False, local_regions=8, remote_regions=1) is True
+    assert L.remote_cross_layer(local_cross=False, local_regions=8, remote_regions=8) is None
+    # 0.29+: layout names, whatever the counts (one head per rank: BLNHC has one region per layer)
+    kw = dict(local_cross=False, local_regions=4, remote_regions=4)
+    assert L.remote_cross_layer(local_layout="LBHNC", remote_layout="BLNHC", **kw) is True
+    assert L.remote_cross_layer(local_layout="BLNHC", remote_layout="LBHNC", **kw) is False
+    assert L.remote_cross_layer(local_layout="LBHNC", remote_layout="LBNHC", **kw) is None
+    assert L.remote_cross_layer(local_layout="BLNHC", remote_layout="BHLNC", **kw) is None
+
+
+def test_explicit_layout_variable_is_named():
+    base = dict(backend="FLASH_ATTN", allowed_backends=("FLASH_ATTN",))
+    d = L.cross_layer_decision(kv_layout="NHD", env_layout="NHD", **base)
+    assert not d.use and "VLLM_KV_CACHE_LAYOUT=NHD is set explicitly" in d.reason
+    d = L.cross_layer_decision(kv_layout="NHD", env_layout=None, **base)
+    assert not d.use and "VLLM_KV_CACHE_LAYOUT" not in d.reason
+    assert L.cross_layer_decision(kv_layout="HND", env_layout="HND", **base).use

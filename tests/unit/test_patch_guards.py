@@ -87,13 +87,28 @@ def test_region_layout_compared_without_hash_on_0_12(release):
         handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 0, 1), {})
     # the per-layer side (ENABLE_XLKV set, stock layout kept) names the cause too
     stock_side = worker(_xlkv_cross_layer=False, block_len_per_layer=[4096] * 8)
-    with pytest.raises(XlkvMismatchError, match="this engine registered 8 per-layer regions"):
+    with pytest.raises(XlkvMismatchError, match=r"this engine registered 8 region\(s\), the remote engine 1; "
+                                                 r"vLLM 0.12 compares no compatibility hash"):
         handshake.validate_wrapper(ok, stock_side, (meta(kv_caches_base_addr=[1]), 0, 1), {})
     assert handshake.validate_wrapper(ok, stock_side, (meta(kv_caches_base_addr=list(range(8))), 0, 1), {}) == \
         "original ran"
-    release("0.13.0")  # has a hash: left to the hash check
-    assert handshake.validate_wrapper(ok, worker(), (meta(kv_caches_base_addr=list(range(8))), 0, 1), {}) == \
-        "original ran"
+
+
+def test_region_layout_compared_when_the_hash_check_is_off(release):
+    """0.13+ with enforce_handshake_compat: false: the layouts are compared before vLLM's own
+    block-length assertions (issue: a bare 'must be of shape [2, N, ...]' on 0.21)."""
+    off = worker(enforce_compat_hash=False)
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.validate_wrapper(ok, off, (meta(kv_caches_base_addr=list(range(8))), 0, 1), {})
+    assert "remote engine runs the stock per-layer KV layout (ENABLE_XLKV unset there" in str(e.value)
+    assert "enforce_handshake_compat: false" in str(e.value)
+    assert handshake.validate_wrapper(ok, off, (meta(kv_caches_base_addr=[1]), 0, 1), {}) == "original ran"
+    release("0.33.0")  # the metadata names the layout: a whole-row one is cross-layer
+    off = worker(enforce_compat_hash=False, kv_cache_layout="LBHNC", _xlkv_cross_layer=False, block_len_per_layer=[1] * 4)
+    with pytest.raises(XlkvMismatchError, match="remote engine runs xlkv's cross-layer KV layout"):
+        handshake.validate_wrapper(ok, off, (meta(kv_caches_base_addr=[1] * 4, kv_cache_layout="BLNHC"), 0, 1), {})
+    assert handshake.validate_wrapper(ok, off, (meta(kv_caches_base_addr=[1] * 4, kv_cache_layout="LBNHC"), 0, 1),
+                                      {}) == "original ran"
 
 
 def test_hash_mismatch_is_explained(release):
@@ -150,9 +165,11 @@ def test_hash_mismatch_against_an_xlkv_peer_is_explained_on_the_stock_side(relea
     with pytest.raises(XlkvMismatchError) as e:
         handshake.handshake_wrapper(failing, w, (), {})
     msg = str(e.value)
-    assert "kv_both engine runs the stock per-layer KV layout (ENABLE_XLKV unset here" in msg
+    # the wrappers run only with ENABLE_XLKV on: never "unset here" or "set ENABLE_XLKV=true on it"
+    assert "kv_both engine runs the stock per-layer KV layout (ENABLE_XLKV is set here, but xlkv kept" in msg
     assert "remote engine runs xlkv's cross-layer KV layout" in msg
-    assert "set ENABLE_XLKV=true on it" in msg
+    assert "set ENABLE_XLKV=true on it" not in msg and "unset here" not in msg
+    assert "unset ENABLE_XLKV on the remote engine" in msg
 
 
 def test_unknown_hash_mismatch_keeps_vllms_error(release):

@@ -12,6 +12,10 @@ from .. import facts, layout
 PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the stock layout)"
 XLKV = "xlkv's cross-layer KV layout (ENABLE_XLKV=true)"
 NATIVE = "vLLM's own cross-layer opt-in (enable_cross_layers_blocks) without xlkv"
+#: 0.29+ hash no KV layout: a peer without xlkv's tag may run vLLM's own block-outermost layout
+UNTAGGED_0_29 = ("no xlkv layout: the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the "
+                 "stock layout), or vLLM's own block-outermost layout (VLLM_KV_CACHE_LAYOUT=BLNHC or BHLNC) without "
+                 "ENABLE_XLKV, whose bytes match but whose hash vLLM >= 0.29 cannot tell from the stock one")
 
 _lock = threading.Lock()
 #: hash -> what a peer publishing it runs
@@ -31,7 +35,7 @@ def remember_hashes(stock, cross_layer, native=None):
     base = native if native is not None else stock
     tagged = layout.tag_hash(base)
     with _lock:
-        KNOWN[stock] = PER_LAYER
+        KNOWN[stock] = UNTAGGED_0_29 if facts.current().kv_cache_layouts else PER_LAYER
         KNOWN[tagged] = XLKV
         if native is not None:
             KNOWN[native] = NATIVE
@@ -40,6 +44,11 @@ def remember_hashes(stock, cross_layer, native=None):
 
 def describe_hash(value):
     return KNOWN.get(value)
+
+
+def is_untagged(description):
+    """A hash description that means "the stock layout, or (0.29+) anything without xlkv's tag"."""
+    return description in (PER_LAYER, UNTAGGED_0_29)
 
 
 def note_stock_reason(reason):

@@ -25,6 +25,7 @@ Removal
     When the oldest supported release has cross-layer blocks on by default for NIXL.
 """
 
+import os
 import sys
 
 from .. import facts, layout
@@ -85,9 +86,28 @@ def native_wrapper(wrapped, instance, args, kwargs):
         _state.note_cross_layer_preferred()
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (vLLM's own guards passed)")
     else:
-        fallback("native-guards", "vLLM's cross-layer guards refused (backend not in %s, KV layout not HND, or "
-                                  "a Mamba/hybrid model)" % ", ".join(facts.current().cross_layer_backends))
+        reason = _native_refusal(wrapped, instance)
+        fallback(reason, reason)
     return result
+
+
+def _native_refusal(getter, connector):
+    """Which of vLLM's own guards said no, read from the module globals the property uses
+    (0.16-0.28: Mamba groups, ``get_current_attn_backend``, ``get_kv_cache_layout``)."""
+    backends = facts.current().cross_layer_backends
+    generic = ("vLLM's cross-layer guards refused (backend not in %s, KV layout not HND, or a Mamba/hybrid model)"
+               % ", ".join(backends))
+    try:
+        module = sys.modules[getattr(getter, "__module__", None) or type(connector).__module__]
+        backend = module.get_current_attn_backend(connector._vllm_config).get_name()
+        _, has_mamba, _groups = spec_names(getattr(connector, "kv_cache_config", None)
+                                           or getattr(connector, "_kv_cache_config", None))
+        decision = layout.cross_layer_decision(
+            backend=backend, kv_layout=module.get_kv_cache_layout(), allowed_backends=backends,
+            has_mamba=has_mamba, env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"))
+    except Exception:
+        return generic
+    return generic if decision.use else decision.reason
 
 
 def _backport_decision(connector):
@@ -105,6 +125,7 @@ def _backport_decision(connector):
         num_kv_groups=groups or 1,
         host_buffer=getattr(worker, "use_host_buffer", False),
         explicit_opt_in=(connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
+        env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"),
     )
 
 

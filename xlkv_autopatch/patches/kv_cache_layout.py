@@ -15,10 +15,13 @@ How
     back (with its own warning) where it is not allowed, e.g. FlashInfer on SM100; the
     hash patch then publishes the stock hash, since the layout really is stock.  An
     explicit ``VLLM_KV_CACHE_LAYOUT`` always wins (vLLM never asks the connector then);
-    the wrapper logs that once.  Host-buffer mode, hybrid models and a kernel block
-    smaller than the KV block (vLLM's own ``select_common_block_size`` for the engine's
-    attention backends; vLLM cannot register such a block-outermost layout) keep the
-    stock layout with one WARNING (XLKV_STRICT=1: an error).
+    the wrapper logs that once.  MLA models (NixlConnector asks for no layout), host-buffer
+    mode, hybrid models, one KV head per tensor-parallel rank (vLLM registers a block-outermost
+    layout as one region per layer then: as many descriptors as stock, and consecutive blocks
+    no longer merge) and a kernel block smaller than the KV block (vLLM's own
+    ``select_common_block_size`` for the engine's attention backends; vLLM cannot register
+    such a block-outermost layout) keep the stock layout with one WARNING (XLKV_STRICT=1: an
+    error).
 vLLM versions
     0.29-0.33.
 Removal
@@ -44,7 +47,21 @@ def _exclusion(vllm_config):
     model = getattr(vllm_config, "model_config", None)
     if model is not None and getattr(model, "is_hybrid", False):
         return "hybrid (Mamba/SSM + attention) models keep the stock layout"
+    gain = layout.block_outermost_gain(_kv_heads_per_rank(vllm_config))
+    if not gain.use:
+        return gain.reason
     return _kernel_split(vllm_config)
+
+
+def _kv_heads_per_rank(vllm_config):
+    """KV heads each tensor-parallel rank holds (vLLM's own ModelConfig.get_num_kv_heads)."""
+    model = getattr(vllm_config, "model_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    try:
+        heads = model.get_num_kv_heads(parallel)
+    except Exception:
+        return None
+    return heads if isinstance(heads, int) else None
 
 
 def _kernel_split(vllm_config):
@@ -69,6 +86,11 @@ def _kernel_split(vllm_config):
 def layout_wrapper(wrapped, cls, args, kwargs):
     stock = wrapped(*args, **kwargs)
     (vllm_config,) = bind(args, kwargs, "vllm_config")
+    model = getattr(vllm_config, "model_config", None)
+    if stock is None and getattr(model, "use_mla", False):
+        # NixlConnector asks for no layout for MLA (one latent cache per layer): the stock layout
+        fallback("mla", "MLA models keep the stock layout (NixlConnector requests no KV cache layout for them)")
+        return stock
     excluded = _exclusion(vllm_config) if stock is not None else None
     if excluded:
         fallback(excluded, excluded)
