@@ -23,7 +23,13 @@ overlay environment per other release of that pin), the shim is installed into t
 5. from the stock and xlkv runs, the descriptors NIXL really moved (its telemetry) for the
    block orders of a loaded server (``ORDER_CASES``: both sides descending, interleaved runs,
    a prefix-cache hit on D): with xlkv they must merge to 1, 2 and 1 per cross-layer region
-   (``merged_descriptors`` in the row; bytes are compared in every case),
+   (``merged_descriptors`` in the row; bytes are compared in every case); and one more xlkv
+   run of those cases with the ordering off (``XLKV_COALESCE=false``), which must keep vLLM's
+   order: one descriptor per block and cross-layer region (``xlkv_keep_order``),
+6. where the release has vLLM's push connector (``NixlPushConnector``: P WRITEs into D's
+   blocks), the harness with ``--transfer push``, stock and xlkv, on the block-order cases and
+   ``noncontig``: bytes compared, the descriptors P's agent moved (``push`` in the row; with
+   xlkv they must merge as in 5); ``push: {"available": false}`` where the release has none,
 
 and one row is written (rows of other releases already in --out are kept):
 ``{vllm, mechanism, status: pass|fail|unsupported, descriptors_per_block_stock,
@@ -67,10 +73,13 @@ def mechanism(release):
 ORDER_CASES = {"reversed": 1, "interleaved": 2, "shared": 1}
 
 
-def merged_descriptors(stock, xlkv):
-    """{case: {blocks, stock, xlkv, expected_xlkv}} of the descriptors NIXL moved (its
-    telemetry, after merging) for the block-order cases, plus "problems"; {} on releases
-    whose vLLM reads no NIXL telemetry."""
+def merged_descriptors(stock, xlkv, keep_order=None):
+    """{case: {blocks, stock, xlkv, expected_xlkv[, xlkv_keep_order, expected_keep_order]}} of
+    the descriptors NIXL moved (its telemetry, after merging) for the block-order cases, plus
+    "problems"; {} on releases whose vLLM reads no NIXL telemetry.  keep_order: the xlkv run
+    with XLKV_COALESCE=false (vLLM's descriptor order: one descriptor per block and region,
+    since none of these cases lists a run that continues on both sides).  Every count is
+    taken only from a case whose bytes were compared and found exact."""
     out, problems = {}, []
     per = xlkv.get("descs_per_block") or 0
     for case, merged in ORDER_CASES.items():
@@ -78,13 +87,66 @@ def merged_descriptors(stock, xlkv):
         if "nixl_descs" not in x:
             continue
         want = merged * per if xlkv.get("cross_layer") else None
-        out[case] = {"blocks": len(x.get("local_block_ids") or []), "stock": s.get("nixl_descs"),
+        blocks = len(x.get("local_block_ids") or [])
+        out[case] = {"blocks": blocks, "stock": s.get("nixl_descs"),
                      "xlkv": x["nixl_descs"], "expected_xlkv": want}
+        for name, run in (("stock", s), ("xlkv", x)):
+            if not run.get("bytes_ok"):
+                problems.append("%s blocks, %s: bytes not exact" % (case, name))
         if want is not None and x["nixl_descs"] != want:
             problems.append("%s blocks: NIXL moved %s descriptors with xlkv, %s expected"
                             % (case, x["nixl_descs"], want))
+        if keep_order is not None:
+            k = (keep_order.get("cases") or {}).get(case) or {}
+            want_k = blocks * per if keep_order.get("cross_layer") else None
+            out[case]["xlkv_keep_order"] = k.get("nixl_descs")
+            out[case]["expected_keep_order"] = want_k
+            if not k.get("bytes_ok"):
+                problems.append("%s blocks, xlkv with XLKV_COALESCE=false: bytes not exact" % case)
+            if want_k is None or k.get("nixl_descs") != want_k:
+                problems.append("%s blocks: NIXL moved %s descriptors with XLKV_COALESCE=false, %s expected"
+                                % (case, k.get("nixl_descs"), want_k))
     if out and problems:
         out["problems"] = problems
+    return out
+
+
+ORDER_ARGS = [a for c in ORDER_CASES for a in ("--case", c)]
+PUSH_CASES = ["noncontig"] + list(ORDER_CASES)
+
+
+def has_push_connector(py, logs):
+    """Whether this release's connector factory knows NixlPushConnector (checked in its env)."""
+    r = sh([py, "-c", "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as F; "
+                      "print('NixlPushConnector' in getattr(F, '_registry', {}))"], os.path.join(logs, "push-probe.log"))
+    return r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == ["True"]
+
+
+def push_results(stock, xlkv):
+    """The push runs (--transfer push) as a row field, plus its problems."""
+    out = {"available": True, "connector": "NixlPushConnector", "cases": PUSH_CASES, "problems": []}
+    for name, d in (("stock", stock), ("xlkv", xlkv)):
+        out[name] = {"transfer_verified": bool(d.get("transfer_verified")), "cross_layer": d.get("cross_layer"),
+                     "descs_per_block": d.get("descs_per_block"),
+                     "connector_class": (d.get("p") or {}).get("connector_class"),
+                     "errors": [str(e)[:400] for e in d.get("errors") or []][:3],
+                     "cases": {c: {k: v.get(k) for k in ("ok", "bytes_ok", "transfer", "xfer_descs", "nixl_descs")}
+                               for c, v in (d.get("cases") or {}).items()}}
+        if not d.get("transfer_verified"):
+            out["problems"].append("push, %s: transfer not verified: %s" % (name, (d.get("errors") or ["?"])[0][:200]))
+        if not str(out[name]["connector_class"]).endswith("NixlPushConnector"):
+            out["problems"].append("push, %s: the harness ran %s" % (name, out[name]["connector_class"]))
+        if any(v.get("transfer") != "push" for v in (d.get("cases") or {}).values()):
+            out["problems"].append("push, %s: a case did not run as a push" % name)
+    if xlkv.get("cross_layer") is not True:
+        out["problems"].append("push, xlkv: not cross-layer")
+    order = merged_descriptors(stock, xlkv)
+    out["merged_descriptors"] = {c: v for c, v in order.items() if c != "problems"}
+    out["problems"].extend(order.get("problems", []))
+    if len(out["merged_descriptors"]) != len(ORDER_CASES):
+        out["problems"].append("push: NIXL telemetry missing for %s"
+                               % sorted(set(ORDER_CASES) - set(out["merged_descriptors"])))
+    out["as_expected"] = not out["problems"]
     return out
 
 
@@ -245,9 +307,21 @@ def run_release(release, logs):
         row["details"][name]["errors"] = [str(e)[:400] for e in d.get("errors") or []]
         row["details"][name]["cases"] = {c: v.get("ok") for c, v in (d.get("cases") or {}).items()}
     row["details"]["decode_only_refused"] = refused
-    order = merged_descriptors(stock, xlkv)
+    # the ordering off (XLKV_COALESCE=false) on the block-order cases: vLLM's own order
+    keep = harness(py, logs, "xlkv-keep-order", ORDER_ARGS, env={"ENABLE_XLKV": "true", "XLKV_COALESCE": "false"})
+    row["details"]["xlkv_keep_order"] = {k: keep.get(k) for k in ("cross_layer", "descs_per_block",
+                                                                  "transfer_verified", "_s")}
+    row["details"]["xlkv_keep_order"]["errors"] = [str(e)[:400] for e in keep.get("errors") or []][:3]
+    order = merged_descriptors(stock, xlkv, keep)
     if order:
         row["merged_descriptors"] = order
+    # vLLM's push connector (WRITE), where the release has it
+    if has_push_connector(py, logs):
+        push_args = [a for c in PUSH_CASES for a in ("--case", c)] + ["--transfer", "push"]
+        row["push"] = push_results(harness(py, logs, "push-stock", push_args),
+                                   harness(py, logs, "push-xlkv", push_args, env={"ENABLE_XLKV": "true"}))
+    else:
+        row["push"] = {"available": False, "connector": None}
     safety_problems, safety_notes = [], []
     for name, fn in SAFETY:
         d, ok, note = fn(release, py, logs)
@@ -276,6 +350,7 @@ def run_release(release, logs):
     if not refused:
         problems.append("decode-only ENABLE_XLKV was not refused at handshake")
     problems.extend(order.get("problems", []) if order else [])
+    problems.extend(row["push"].get("problems", []))
     problems.extend(safety_problems)
     row["status"] = "fail" if problems else "pass"
     row["notes"] = "; ".join(problems) if problems else (
@@ -283,6 +358,16 @@ def run_release(release, logs):
         % (xlkv.get("cross_layer"), xlkv.get("num_regions"), xlkv.get("block_len"),
            row["details"]["safety_cases_passed"]))
     return row
+
+
+def shim_state():
+    """The shim the run used (editable install of this checkout): HEAD and files changed since."""
+    def git(*a):
+        r = subprocess.run(["git"] + list(a), capture_output=True, text=True, cwd=ROOT)
+        return r.stdout.rstrip("\n") if r.returncode == 0 else None
+    dirty = git("status", "--porcelain", "--", "xlkv_autopatch", "setup.py", "setup.cfg", "xlkv_autopatch.pth")
+    return {"commit": (git("rev-parse", "--short", "HEAD") or "").strip() or None,
+            "uncommitted": [line[3:] for line in (dirty or "").splitlines()]}
 
 
 def main():
@@ -304,6 +389,7 @@ def main():
             rows[r["vllm"]] = r
     for release in args.releases.split():
         t0 = time.time()
+        shim_at_start = shim_state()
         try:
             row = run_release(release, args.logs)
         except Exception as e:  # record and go on with the next release
@@ -312,6 +398,7 @@ def main():
                    "transfer_verified": False, "notes": "runner error: %s: %s" % (type(e).__name__, e), "details": {}}
         row["details"]["seconds"] = round(time.time() - t0)
         row["details"]["date"] = datetime.date.today().isoformat()
+        row["details"]["shim"] = {"at_start": shim_at_start, "at_end": shim_state()}
         rows[release] = row
         print("%-8s %-11s stock %-4s xlkv %-4s verified %-5s %s" % (
             release, row["status"], row["descriptors_per_block_stock"], row["descriptors_per_block_xlkv"],
