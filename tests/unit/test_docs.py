@@ -34,6 +34,40 @@ def test_matrix_rows_are_well_formed():
         if row["status"] == "pass":  # a pass must carry its evidence
             assert row["transfer_verified"] is True
             assert row["descriptors_per_block_xlkv"] <= 2 < row["descriptors_per_block_stock"]
+            per = row["descriptors_per_block_xlkv"]
+            for case, m in (row.get("merged_descriptors") or {}).items():
+                assert m["xlkv"] == m["expected_xlkv"], (row["vllm"], case, m)
+                if "xlkv_keep_order" in m:  # the ordering off: vLLM's order, one per block and region
+                    assert m["xlkv_keep_order"] == m["blocks"] * per, (row["vllm"], case, m)
+            push = row.get("push")
+            if push and push.get("available"):
+                assert push["as_expected"] is True and not push["problems"], (row["vllm"], push["problems"])
+                assert push["xlkv"]["transfer_verified"] and push["stock"]["transfer_verified"], row["vllm"]
+                assert push["xlkv"]["connector_class"].endswith(".NixlPushConnector"), row["vllm"]
+                assert all(c["bytes_ok"] and c["transfer"] == "push" for c in push["xlkv"]["cases"].values())
+
+
+def test_matrix_flags_counts_that_contradict_the_ordering():
+    """run_matrix's own checks, on hand-made harness results: a keep-order run that merged, and
+    an xlkv run that did not, are problems; bytes not compared exact are problems."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "compat"))
+    import run_matrix
+    ids = {"reversed": 8, "interleaved": 6, "shared": 4}
+
+    def run(counts, cross=True, ok=True):
+        return {"cross_layer": cross, "descs_per_block": 1 if cross else 4,
+                "cases": {c: {"nixl_descs": n, "bytes_ok": ok, "local_block_ids": list(range(ids[c]))}
+                          for c, n in counts.items()}}
+    stock = run({"reversed": 32, "interleaved": 24, "shared": 16}, cross=False)
+    good = run_matrix.merged_descriptors(stock, run({"reversed": 1, "interleaved": 2, "shared": 1}),
+                                         run({"reversed": 8, "interleaved": 6, "shared": 4}))
+    assert "problems" not in good and good["reversed"]["xlkv_keep_order"] == 8
+    bad = run_matrix.merged_descriptors(stock, run({"reversed": 8, "interleaved": 2, "shared": 1}),
+                                        run({"reversed": 1, "interleaved": 6, "shared": 4}, ok=False))
+    assert any("reversed blocks: NIXL moved 8 descriptors with xlkv, 1 expected" in p for p in bad["problems"])
+    assert any("reversed blocks: NIXL moved 1 descriptors with XLKV_COALESCE=false, 8 expected" in p
+               for p in bad["problems"])
+    assert any("XLKV_COALESCE=false: bytes not exact" in p for p in bad["problems"])
 
 
 GPU_PROVEN = os.path.join(ROOT, "experiments", "results", "gpu-proven.json")
