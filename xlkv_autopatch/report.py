@@ -107,9 +107,9 @@ def collect(resolve=True):
     out["notes"] = notes = []
     if meta_version is not None and meta_version != __version__:
         notes.append("the installed metadata of xlkv_autopatch says %s but the code at %s is %s (an editable "
-                        "install made before the version changed?). Fix: pip install -e <checkout> (or the new "
-                        "release) again, so that pip, the entry point and the .pth match the code"
-                        % (meta_version, path, __version__))
+                     "install made before the version changed?). Fix: pip install -e <checkout> (or the new "
+                     "release) again, so that pip, the entry point and the .pth match the code"
+                     % (meta_version, path, __version__))
     from ._pth import render
 
     for pth in out["activation"]["pth_files"]:
@@ -180,13 +180,13 @@ def _collect_patches(out, resolve):
     })
     out["kvcached_flags"] = patches.kvcached_flags()  # a conflict only with the flag on
     fix = versions.fix(reg.supported)
-    if version is None:
+    if out["vllm_installed"] is None:
         problems.append(
             "vLLM is not installed in this environment (%s). xlkv_autopatch patches the vLLM of the environment it "
             "is installed in (vLLM %s). Fix: install it into vLLM's environment (<vLLM's python> -m pip install "
             "xlkv_autopatch, or -e <checkout>) and run <vLLM's python> -m xlkv_autopatch status there"
             % (sys.executable, reg.supported))
-    else:
+    if version is not None:
         try:  # the start-up refusal itself (unsupported release, dev build without a patch set, bad override)
             registry.Registry(patches.all_groups, supported=reg.supported).check_version(version)
         except XlkvError as e:
@@ -275,9 +275,11 @@ def _vllm_line(info):
     if info["missing_dependencies"]:
         return "vLLM: not checked (missing: %s)" % ", ".join(sorted(info["missing_dependencies"]))
     rng = info.get("supported_range")
-    if not info.get("vllm"):
-        return "vLLM: not installed in this environment (%s); xlkv_autopatch supports vLLM %s" % (
-            info.get("python_executable"), rng)
+    if not info.get("vllm_installed"):
+        return "vLLM: not installed in this environment (%s)%s; xlkv_autopatch supports vLLM %s" % (
+            info.get("python_executable"), "; XLKV_VLLM_VERSION=%s names vLLM %s" % (
+                info["vllm_version_override"], info["vllm_version_override"]) if info.get("vllm_version_override")
+            else "", rng)
     mark = "supported: %s" % rng if info["supported"] else "NOT supported; supported: %s" % rng
     if info.get("vllm_version_override_differs"):
         return "vLLM: %s installed; %s=%s overrides it, so the patch sets of vLLM %s are used  [%s]" % (

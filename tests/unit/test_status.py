@@ -76,6 +76,9 @@ def test_without_vllm_it_says_where_the_shim_is_the_range_and_what_to_do(status)
     (line,) = problems(text)
     assert "vLLM is not installed in this environment" in line and "vLLM >=0.12,<0.34" in line
     assert "install it into vLLM's environment" in line
+    rc, text = status(XLKV_VLLM_VERSION="0.21.0")  # an override is no vLLM
+    assert rc == 1 and [p for p in problems(text) if "vLLM is not installed in this environment" in p], text
+    assert "vLLM: not installed in this environment" in text
 
 
 def test_an_override_naming_another_release_is_shown_with_both_versions(status):
