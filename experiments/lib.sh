@@ -126,6 +126,7 @@ require_gpus_or_cpu_checks() {
     return 0
   fi
   echo "no GPU on this machine: running CPU checks only" >&2
+  echo "(vLLM's 'Failed to import from vllm._C: ... libcuda.so.1' warnings below are its own, harmless without CUDA)" >&2
   if cpu_only_checks; then
     echo "CPU checks passed; GPU experiments skipped (exit $EXIT_NO_GPU)" >&2
     exit "$EXIT_NO_GPU"

@@ -7,7 +7,9 @@
 # real prefill->decode KV transfers through the installed vLLM's own NixlConnector code with
 # real NIXL on host memory, stock vs ENABLE_XLKV=true, every block compared byte for byte
 # (tests/compat/pd_harness.py).  The vLLM for that comes from XLKV_HARNESS_PYTHON (a Python
-# with vLLM + nixl) or is installed by tests/compat/mkenv.sh (XLKV_VLLM, default 0.21.0).
+# with vLLM + nixl) or is installed by tests/compat/mkenv.sh (XLKV_VLLM, default 0.21.0) under
+# XLKV_ENVS (default /work/envs; about 9 GB on a first run).  Results: XLKV_MAIN_OUT
+# (default /tmp/xlkv-main).
 #
 # exit: 0 pass, 1 a check failed, 2 set-up problem.
 set -euo pipefail
@@ -35,13 +37,30 @@ experiments/pd_bench.sh) cannot run here.  Running the CPU checks instead:
   1. python -m xlkv_autopatch status  (installed vLLM, flag, activation paths, patch targets)
   2. real P->D KV transfers through vLLM's NixlConnector + NIXL/UCX on host memory,
      stock vs ENABLE_XLKV=true, byte-for-byte (tests/compat/pd_harness.py)
+Results and logs go to $OUTDIR (XLKV_MAIN_OUT).
+MSG
+if [ -n "${XLKV_HARNESS_PYTHON:-}" ]; then
+  echo "vLLM: the Python in XLKV_HARNESS_PYTHON ($XLKV_HARNESS_PYTHON); nothing is downloaded."
+else
+  cat <<MSG
+vLLM: ${XLKV_VLLM:-0.21.0} (XLKV_VLLM), from the environments folder ${XLKV_ENVS:-/work/envs} (XLKV_ENVS).
+  If it is not there yet, tests/compat/mkenv.sh installs it now: vLLM, the CUDA torch it pins
+  and NIXL from PyPI, about 9 GB of disk and about 5 minutes on a new machine; later runs reuse
+  it.  XLKV_HARNESS_PYTHON=/path/to/python uses a Python that already has vLLM + nixl instead.
+MSG
+fi
+cat <<MSG
+Expected noise on a machine without CUDA (vLLM's and torch's own import-time messages, harmless):
+  "Failed to import from vllm._C: ImportError('libcuda.so.1: ...')" (several times: vLLM tries
+  its CUDA extension), "No CUDA runtime is found", "Triton ... 0 active driver(s)", and on some
+  releases a Transformers deprecation warning ("Support for Transformers v4 is deprecated").
 ==========================================================================================
 MSG
 
 PY=${XLKV_HARNESS_PYTHON:-}
 if [ -z "$PY" ]; then
   VER=${XLKV_VLLM:-0.21.0}
-  echo "installing vLLM $VER + nixl for the CPU checks (tests/compat/mkenv.sh; minutes on a new machine)"
+  echo "installing or reusing vLLM $VER + nixl for the CPU checks (tests/compat/mkenv.sh)"
   PY=$(bash tests/compat/mkenv.sh "$VER" | tail -n 1) || { echo "ERROR: could not install vLLM $VER" >&2; exit 2; }
 fi
 "$PY" -m pip install -q --disable-pip-version-check "wrapt>=1.14" "packaging>=21" 2>&1 | grep -v "is ignored" || true
