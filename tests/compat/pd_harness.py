@@ -55,13 +55,19 @@ CASES = {
 CASE_ORDER = ["noncontig", "partial", "reuse"]
 # Block orders a loaded server hands out (its free queue returns blocks in reverse), for the
 # descriptor merge NIXL does: both sides descending, two interleaved runs, and a prefix-cache
-# hit on D (D lists only its 4 uncomputed blocks; vLLM pairs them with P's last 4).
+# hit on D (D lists only its 4 uncomputed blocks; vLLM pairs them with P's last 4); and the
+# order of a fresh server, both sides ascending (NIXL merges a stock per-layer region's run
+# into one descriptor per region: the case where a layout with more regions loses).
 ORDER_CASES = {
+    "ascending": [("u", list(range(10, 18)), list(range(0, 8)), 8 * BLOCK_SIZE)],
     "reversed": [("r", list(range(19, 11, -1)), list(range(39, 31, -1)), 8 * BLOCK_SIZE)],
     "interleaved": [("i", [8, 24, 9, 25, 10, 26], [14, 20, 15, 21, 16, 22], 6 * BLOCK_SIZE)],
     "shared": [("s", [11, 10, 9, 8, 7, 6], [29, 28, 27, 26], 6 * BLOCK_SIZE)],
 }
 CASES.update(ORDER_CASES)
+# --refused-peer-*: the engine id of the second prefill and the request D sends it first
+# (local blocks no case writes: they must stay zero)
+REFUSED_PEER = {"engine_id": "p-refused-engine", "request": ("x", [1, 2, 3], [23, 24, 25])}
 CASE_ORDER += list(ORDER_CASES)
 
 
@@ -205,6 +211,9 @@ def _setup(role, args, tmpdir):
     extra = {}
     if args.native_opt_in:
         extra["enable_cross_layers_blocks"] = "True"
+    for item in getattr(args, "kv_extra", None) or []:  # --kv-extra KEY=JSON (both sides)
+        key, value = item.split("=", 1)
+        extra[key] = json.loads(value)
     mc = _kw(ModelConfig, model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
              dtype="bfloat16", max_model_len=512, seed=0)
     # --p-block-size / --d-block-size: a P/D block-size mismatch; --kv-buffer-device cpu:
@@ -219,7 +228,7 @@ def _setup(role, args, tmpdir):
         # release has it; default: NixlConnector (D READs from P)
         name = "NixlPushConnector" if getattr(args, "transfer", "pull") == "push" else "NixlConnector"
         kvt = _kw(KVTransferConfig, kv_connector=name, kv_role="kv_both",
-                  kv_buffer_device=buffer_device, engine_id=f"{role}-engine",
+                  kv_buffer_device=buffer_device, engine_id=getattr(args, "engine_id", None) or f"{role}-engine",
                   kv_connector_extra_config=extra)
     else:
         # --p-connector/--d-connector multi: NixlConnector inside a MultiConnector (what
@@ -235,7 +244,7 @@ def _setup(role, args, tmpdir):
                                  kv_connector_extra_config={
                                      "shared_storage_path": os.path.join(tmpdir, f"storage-{role}")}))
         kvt = _kw(KVTransferConfig, kv_connector="MultiConnector", kv_role="kv_both",
-                  kv_buffer_device=buffer_device, engine_id=f"{role}-engine",
+                  kv_buffer_device=buffer_device, engine_id=getattr(args, "engine_id", None) or f"{role}-engine",
                   kv_connector_extra_config={"connectors": children})
     sc = _kw(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
              is_encoder_decoder=False)
@@ -274,7 +283,7 @@ def _setup(role, args, tmpdir):
     # a real gloo process group over this side's ranks (world size 1 at TP 1), as the
     # release's GPU worker initialises it (with NCCL there)
     init_distributed_environment(world_size=tp, rank=tp_rank, local_rank=tp_rank,
-                                 distributed_init_method=f"file://{tmpdir}/dist-{role}",
+                                 distributed_init_method=f"file://{tmpdir}/dist-{getattr(args, 'engine_id', None) or role}",
                                  backend="gloo")
     initialize_model_parallel(tp, 1)
 
@@ -918,6 +927,9 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                     help="set on both sides")
     ap.add_argument("--timeout", type=float, default=60.0, help="per step, seconds")
+    ap.add_argument("--setup-timeout", type=float, default=float(os.environ.get("XLKV_SETUP_TIMEOUT", 0)) or None,
+                    help="seconds each side may take to start (default XLKV_SETUP_TIMEOUT, else 180 plus 60 per "
+                         "extra TP rank)")
     ap.add_argument("--p-block-size", type=int, default=None, help="KV block size of P (default 16)")
     ap.add_argument("--d-block-size", type=int, default=None, help="KV block size of D (default 16)")
     ap.add_argument("--p-connector", choices=("nixl", "multi", "multi-mixed"), default="nixl",
@@ -948,9 +960,24 @@ def main():
     ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
                     help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
                          "into D's blocks; releases that have it, TP 1 only)")
+    ap.add_argument("--kv-extra", action="append", default=[], metavar="KEY=JSON",
+                    help="an entry of the NixlConnector's kv_connector_extra_config on both sides, e.g. "
+                         "enforce_handshake_compat=false")
+    ap.add_argument("--refused-peer-block-size", type=int, default=None, metavar="N",
+                    help="start a second prefill engine with N-token blocks (and --refused-peer-env); D's "
+                         "first request goes to it and must fail at handshake, then the cases run against "
+                         "the compatible prefill on the same D (TP 1 on both sides)")
+    ap.add_argument("--refused-peer-env", action="append", default=[], metavar="KEY=VAL",
+                    help="environment of that second prefill engine (on top of --env)")
+    ap.add_argument("--refused-peer-port", type=int, default=None,
+                    help="its side-channel port (default --p-port + 2)")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     args = ap.parse_args()
+    refused_peer = bool(args.refused_peer_block_size or args.refused_peer_env)
+    if refused_peer:
+        assert args.p_tp == 1 and args.d_tp == 1, "--refused-peer-* runs at TP 1 on both sides"
+        args.refused_peer_port = args.refused_peer_port or args.p_port + 2
     NUM_KV_HEADS = args.kv_heads
     t_start = time.time()
     if args.transfer == "push" and (args.p_tp > 1 or args.d_tp > 1):
@@ -979,6 +1006,12 @@ def main():
                             if k.startswith(("ENABLE_XLKV", "XLKV", "VLLM_KV_CACHE_LAYOUT",
                                              "VLLM_USE_V2"))}}
     ctx = mp.get_context("spawn")
+    if refused_peer:
+        q_x, res_x = ctx.Queue(), ctx.Queue()
+        env_x = dict(both, **kv(args.refused_peer_env),
+                     VLLM_NIXL_SIDE_CHANNEL_PORT=str(args.refused_peer_port),
+                     VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+        result["env_refused_peer"] = env_x
     tmpdir = tempfile.mkdtemp(prefix="pdh-")
     _write_model_dir(os.path.join(tmpdir, "tinyllama"))
     # one process per TP rank and side (P rank i: q_p[i], res_p[i]); TP 1: one P, one D
@@ -993,11 +1026,11 @@ def main():
         if args.plant_fault:
             result["planted_fault"] = args.plant_fault
 
-    def start(role, q, r, env, rank=0):
+    def start(role, q, r, env, rank=0, **overrides):
         saved = dict(os.environ)
         os.environ.update(env)  # so that interpreter-startup hooks (.pth) see it too
         try:
-            p = ctx.Process(target=child_main, args=(role, dict(vars(args), tp_rank=rank), tmpdir,
+            p = ctx.Process(target=child_main, args=(role, dict(vars(args), tp_rank=rank, **overrides), tmpdir,
                                                      q, r, env), daemon=True)
             p.start()
         finally:
@@ -1017,8 +1050,12 @@ def main():
             # swap-d-ranks (planted fault): the process the parent checks as rank i is rank N-1-i
             start("d", q_d[i], res_d[i], env_d,
                   args.d_tp - 1 - i if args.plant_fault == "swap-d-ranks" else i)
-        p_infos = expect_all(res_p, ("ready",), 180 + 60 * (args.p_tp - 1), "P setup")
-        d_infos = expect_all(res_d, ("ready",), 180 + 60 * (args.d_tp - 1), "D setup")
+        if refused_peer:
+            # a second prefill engine that D must refuse at handshake (its own block size / env)
+            start("p", q_x, res_x, env_x, 0, engine_id=REFUSED_PEER["engine_id"],
+                  p_block_size=args.refused_peer_block_size or args.p_block_size)
+        p_infos = expect_all(res_p, ("ready",), args.setup_timeout or 180 + 60 * (args.p_tp - 1), "P setup")
+        d_infos = expect_all(res_d, ("ready",), args.setup_timeout or 180 + 60 * (args.d_tp - 1), "D setup")
         if args.p_tp > 1:
             # the engine core merges the workers' {(pp, tp) rank: metadata} dicts and its
             # scheduler-side connector serves them (P rank 0's process plays that part)
@@ -1055,6 +1092,29 @@ def main():
                                       and p_info.get("cross_layer") == d_info.get("cross_layer"))
         # the whole model's reference (P TP N: the ranks' head slices joined)
         p_ref = _join_reference(p_infos) if args.p_tp > 1 else p_info
+        if refused_peer:
+            # first a request D must refuse: it has to fail that request and keep serving (the
+            # cases below then run on the same D processes against the compatible prefill)
+            _expect(res_x, ("ready",), args.setup_timeout or 180, "refused peer setup")
+            suffix, remote, local = REFUSED_PEER["request"]
+            pmsg = {"engine_id": REFUSED_PEER["engine_id"], "port": args.refused_peer_port, "tp_size": 1}
+            for q in q_d:
+                q.put(("recv", "req-refused-" + suffix, remote, local, pmsg))
+            try:
+                rs = expect_all(res_d, ("recv",), args.timeout + 15, "D recv req-refused-" + suffix)
+            except Exception as e:
+                result["refused_peer"] = {"d_died": f"{type(e).__name__}: {e}"[:3000]}
+                raise
+            for x in rs:
+                x.pop("layers", None)
+            rp = {k: rs[0].get(k) for k in ("recv_done", "invalid_block_ids", "errors", "xfer_calls",
+                                            "local_block_ids")}
+            rp["errors"] = [e for x in rs for e in x.get("errors") or []]
+            exc = [e.rsplit(" | ", 1)[1] for e in rp["errors"] if " | " in e]
+            rp["failure_reason"] = (exc or rp["errors"] or [None])[-1]
+            rp["failed"] = all(x["recv_done"] and x["invalid_block_ids"] for x in rs if
+                               isinstance(x["invalid_block_ids"], list)) and not rs[0].get("xfer_calls")
+            result["refused_peer"] = rp
 
         expected_owner = {}
         all_ok = True
@@ -1152,7 +1212,7 @@ def main():
                     result["errors"].extend(f"{cname}: {r}"[:2000] for r in reasons)
                 result["cases"][cname] = c
                 all_ok &= c["ok"]
-        for q in q_d + q_p:
+        for q in q_d + q_p + ([q_x] if refused_peer else []):
             q.put(("stop",))
         result["timing_s"] = round(time.time() - t_start, 2)
     except Exception as e:
