@@ -49,11 +49,12 @@ def _assert_exact(r, p_tp, d_tp, kv_heads=2):
         assert _heads(x["layer_view_shape"]) == kv_heads // d_tp, x
     for x in r["p_ranks"]:
         assert _heads(x["layer_view_shape"]) == kv_heads // p_tp, x
-    assert set(r["cases"]) == {"noncontig", "partial", "reuse", "reversed", "interleaved", "shared"}
+    assert set(r["cases"]) == {"noncontig", "partial", "reuse", "ascending", "reversed", "interleaved", "shared"}
     for name, case in r["cases"].items():
         assert case["ok"] and case["bytes_ok"] and case["p_done_sending"], (name, case)
-        assert len(case["ranks"]) == d_tp, (name, case)
-        for rank in case["ranks"]:
+        ranks = case["ranks"] if d_tp > 1 else [case]  # the harness lists ranks at D TP > 1 only
+        assert len(ranks) == d_tp, (name, case)
+        for rank in ranks:
             assert rank["recv_done"] and rank["bytes_ok"] and rank["invalid_block_ids"] == [], (name, case)
 
 
@@ -84,11 +85,74 @@ def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
         assert not case["ok"] and not case.get("xfer_descs"), case
 
 
-def test_xlkv_tp2_to_tp2_is_cross_layer_and_exact(vllm_env, tmp_path):
-    # 4 KV heads, 2 per rank. (At 1 KV head per rank vLLM 0.29+ registers each layer's page of
-    # a block-outermost row as its own region, because that page is then contiguous: exact,
-    # but one descriptor per layer.)
-    r = harness(vllm_env[1], tmp_path, "xlkv_2to2", "--p-tp", "2", "--d-tp", "2", "--kv-heads", "4",
+def test_xlkv_tp2_to_tp1_follows_the_release_rule(vllm_env, tmp_path):
+    """Prefill TP 2 -> decode TP 1 (each decode block is read from both prefill ranks, one head each)."""
+    r = harness(vllm_env[1], tmp_path, "xlkv_2to1", "--p-tp", "2", env=XLKV, step_timeout=60)
+    if hetero_tp_allowed(release_of(vllm_env)):
+        _assert_exact(r, 2, 1)
+        assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["p_ranks"]
+        for name, case in r["cases"].items():
+            # one descriptor per prefill rank (its head of the block), per block
+            assert case["xfer_descs_per_block"] == 2, (name, case)
+        return
+    assert r["transfer_verified"] is False
+    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
+    assert "xlkv_autopatch: NIXL handshake refused: prefill TP 2, decode TP 1" in text, text[-3000:]
+    assert "heterogeneous TP" in text, text[-3000:]
+    for case in r["cases"].values():
+        assert not case["ok"] and not case.get("xfer_descs"), case
+
+
+@pytest.fixture(scope="module")
+def xlkv_2to2(vllm_env, tmp_path_factory):
+    # the model's 2 KV heads at TP 2: one KV head per rank (TP equal to the KV heads is common:
+    # 8 KV heads at TP 8)
+    return harness(vllm_env[1], tmp_path_factory.mktemp("tp"), "xlkv_2to2", "--p-tp", "2", "--d-tp", "2", env=XLKV,
+                   step_timeout=60)
+
+
+def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
+    r = xlkv_2to2
+    _assert_exact(r, 2, 2)
+    if release_of(vllm_env) < (0, 29):
+        # a cross-layer tensor per rank: one region, one descriptor per block
+        assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+        assert r["descs_per_block"] == 1
+        for name, case in r["cases"].items():
+            assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+        return
+    # 0.29+: vLLM would register a block-outermost row as one region per layer at one head per
+    # rank (no fewer descriptors, and consecutive blocks no longer merge): the stock layout, with
+    # the reason in one WARNING on every rank
+    assert r["kv_layout"] == "LBHNC" and all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"])
+    for x in r["d_ranks"] + r["p_ranks"]:
+        said = json.dumps(x["xlkv_log"])
+        assert "stock per-layer KV layout is kept: one KV head per tensor-parallel rank" in said, said[-2000:]
+
+
+def test_xlkv_tp2_to_tp2_never_moves_more_descriptors_than_stock(vllm_env, xlkv_2to2, tmp_path):
+    """NIXL's own descriptor count (its telemetry, after its merge) per case and decode rank, stock vs
+    xlkv at TP 2 -> 2 with one KV head per rank.  Before the fix, 0.33 moved 32 descriptors for 8
+    ascending blocks with xlkv and 4 stock."""
+    if release_of(vllm_env) < (0, 26):
+        pytest.skip("compared on 0.26+ (one region per layer in stock vLLM, the layouts of the issue); "
+                    "0.12-0.25 register one cross-layer region per rank, as the test above asserts")
+    stock = harness(vllm_env[1], tmp_path, "stock_2to2", "--p-tp", "2", "--d-tp", "2", step_timeout=60)
+    _assert_exact(stock, 2, 2)
+    for name, case in xlkv_2to2["cases"].items():
+        x, s = case.get("nixl_descs"), stock["cases"][name].get("nixl_descs")
+        assert x is not None and s is not None, "vLLM read no NIXL telemetry: %s" % name
+        assert x <= s, (name, "xlkv", x, "stock", s)
+    # the case of the issue: 8 blocks ascending on both sides merge to one descriptor per region
+    assert stock["cases"]["ascending"]["nixl_descs"] == stock["num_regions"], stock["cases"]["ascending"]
+
+
+def test_xlkv_tp2_to_tp2_with_two_kv_heads_per_rank_is_cross_layer(vllm_env, tmp_path):
+    # 4 KV heads, 2 per rank: block-outermost on 0.29+ too (a layer's page is not contiguous in the
+    # row, so vLLM registers whole rows: one descriptor per block)
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("0.12-0.28: heads per rank do not change the layout (one KV head per rank is tested above)")
+    r = harness(vllm_env[1], tmp_path, "xlkv_2to2_4h", "--p-tp", "2", "--d-tp", "2", "--kv-heads", "4",
                 env=XLKV)
     _assert_exact(r, 2, 2, kv_heads=4)
     assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
