@@ -21,4 +21,15 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e . -r tests/requirements.txt \
   2> >(grep -v "is ignored: it is neither" >&2)
 export XLKV_TEST_VLLM=${XLKV_TEST_VLLM-"0.14.1 0.21.0 0.26.0 0.33.0"}
+# Create the releases' environments side by side while the first tests run: on a fresh machine
+# this is most of the time (mostly downloads; one at a time it was ~30 min). tests/real's fixture
+# calls mkenv.sh again, which waits on the same lock and then reuses the environment.
+if [ -z "${XLKV_TEST_PYTHONS:-}" ] && [ "$XLKV_TEST_VLLM" != "none" ]; then
+  ENVS=${XLKV_ENVS:-/work/envs}
+  mkdir -p "$ENVS"
+  for v in $XLKV_TEST_VLLM; do
+    [ -f "$ENVS/.prefetch-$v.done" ] && continue
+    ( bash tests/compat/mkenv.sh "$v" > /dev/null 2> "$ENVS/.prefetch-$v.log" && touch "$ENVS/.prefetch-$v.done" ) &
+  done
+fi
 exec "$VENV/bin/python" -m pytest tests "$@"
