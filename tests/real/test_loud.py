@@ -2,11 +2,12 @@
 names the real cause; never a silent stock run.  Each test drives the P/D harness (real
 NixlConnector, real NIXL on CPU) into one misconfiguration an operator can make."""
 
+import json
 import textwrap
 
 import pytest
 
-from conftest import harness, once_per_session, release_of
+from conftest import harness, once_per_session, release_of, run_in
 
 
 
@@ -104,3 +105,100 @@ def test_smaller_kernel_block_on_one_side_is_named_as_such(vllm_env, tmp_path):
     else:
         assert "split by the attention kernel into 16-token blocks" in text, text[-4000:]
         assert "the attention kernel block differs" in text
+
+
+def _refusal(r):
+    return json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
+
+
+def test_vllms_own_block_outermost_layout_is_not_called_stock(vllm_env, tmp_path):
+    """0.29+: a prefill with vLLM's own VLLM_KV_CACHE_LAYOUT=BLNHC (no shim) facing a flagged decode.
+    vLLM hashes no layout there, so the refusal cannot tell it from the stock layout, and must say so
+    (it said "the stock per-layer KV layout (ENABLE_XLKV unset there...)"; both sides were
+    block-outermost)."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("KV cache layouts exist from vLLM 0.29 (0.16-0.28 hash vLLM's own opt-in separately)")
+    r = harness(vllm_env[1], tmp_path, "native_p", "--case", "noncontig", "--p-env", "VLLM_KV_CACHE_LAYOUT=BLNHC",
+                "--d-env", "ENABLE_XLKV=true")
+    assert r["transfer_verified"] is False
+    text = _refusal(r)
+    assert "NIXL handshake refused" in text, text[-3000:]
+    assert "or vLLM's own block-outermost layout (VLLM_KV_CACHE_LAYOUT=BLNHC or BHLNC) without ENABLE_XLKV" in text
+    assert "Fix: set ENABLE_XLKV=true on the remote engine as well" in text, text[-3000:]
+
+
+def test_flag_on_one_side_is_named_with_vllms_hash_check_off(vllm_env, tmp_path):
+    """enforce_handshake_compat: false (what vLLM's own mismatch error suggests), ENABLE_XLKV on decode
+    only: 0.21 went on to a bare "Remote P worker KV layer cache must be of shape [2, N, ...]"."""
+    r = harness(vllm_env[1], tmp_path, "no_hash", "--case", "noncontig", "--d-env", "ENABLE_XLKV=true",
+                "--kv-extra", "enforce_handshake_compat=false")
+    assert r["transfer_verified"] is False
+    case = r["cases"]["noncontig"]
+    assert not case.get("xfer_descs"), case  # refused before any descriptor reached NIXL
+    text = _refusal(r)
+    assert "NIXL handshake refused: this engine runs xlkv's cross-layer KV layout" in text, text[-3000:]
+    assert "the remote engine runs the stock per-layer KV layout (ENABLE_XLKV unset there" in text, text[-3000:]
+    assert "enforce_handshake_compat: false" in text and "must be of shape" not in text, text[-3000:]
+
+
+def test_explicit_kv_layout_variable_is_named_before_0_29(vllm_env, tmp_path):
+    """0.12-0.28: VLLM_KV_CACHE_LAYOUT=NHD on decode (both flagged) was reported as "vLLM's cross-layer
+    guards refused (backend..., KV layout not HND, or Mamba)", and the refusal told this flagged engine
+    to "set ENABLE_XLKV=true on it"."""
+    if release_of(vllm_env) >= (0, 29):
+        pytest.skip("0.29+ name an explicit VLLM_KV_CACHE_LAYOUT already (test_explicit_layout_on_one_side_is_named)")
+    r = harness(vllm_env[1], tmp_path, "nhd", "--case", "noncontig", "--d-env", "VLLM_KV_CACHE_LAYOUT=NHD",
+                env={"ENABLE_XLKV": "true"})
+    assert r["transfer_verified"] is False and r["d"]["cross_layer"] is False
+    said = json.dumps(r["d"]["xlkv_log"]) + r["_log"]
+    assert "stock per-layer KV layout is kept: VLLM_KV_CACHE_LAYOUT=NHD is set explicitly" in said, said[-3000:]
+    text = _refusal(r)
+    assert "here: VLLM_KV_CACHE_LAYOUT=NHD is set explicitly" in text, text[-3000:]
+    assert "set ENABLE_XLKV=true on it" not in text and "ENABLE_XLKV unset here" not in text, text[-3000:]
+
+
+MLA_LAYOUT = textwrap.dedent("""
+    import json, logging, os, sys, tempfile, types
+    d = tempfile.mkdtemp()
+    json.dump({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 256,
+               "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 64, "q_lora_rank": None,
+               "qk_rope_head_dim": 32, "qk_nope_head_dim": 32, "v_head_dim": 32, "vocab_size": 512,
+               "max_position_embeddings": 1024, "n_routed_experts": 4, "n_shared_experts": 1,
+               "num_experts_per_tok": 2, "first_k_dense_replace": 1, "torch_dtype": "bfloat16"},
+              open(os.path.join(d, "config.json"), "w"))
+    lines = []
+    class H(logging.Handler):
+        def emit(self, r):
+            lines.append("%s %s" % (r.levelname, r.getMessage()))
+    import vllm.logger  # noqa: F401
+    logging.getLogger("vllm").addHandler(H())
+    logging.getLogger("vllm").setLevel(logging.INFO)
+    from vllm.config import ModelConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
+    mc = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512)
+    # the engine core's call, with a real MLA ModelConfig (the method reads nothing else for MLA)
+    try:
+        out = repr(NixlConnector.get_required_kvcache_layout(types.SimpleNamespace(model_config=mc)))
+    except Exception as e:
+        out = "raised %s: %s" % (type(e).__name__, e)
+    print(json.dumps({"use_mla": mc.use_mla, "layout": out, "log": [x for x in lines if "xlkv" in x]}))
+""")
+
+
+def test_mla_keeps_the_stock_layout_with_a_warning_and_strict_refuses(vllm_env, tmp_path):
+    """0.29+: an MLA model keeps the stock layout with a WARNING (was INFO "keeping KV cache layout
+    None"), and XLKV_STRICT=1 makes it an error (it raised nothing)."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("0.12-0.28 decide in prefer_cross_layer_blocks (MLA WARNING there since the first session)")
+    script = tmp_path / "mla.py"
+    script.write_text(MLA_LAYOUT)
+    out = {}
+    for name, extra in (("warn", {}), ("strict", {"XLKV_STRICT": "1"})):
+        p = run_in(vllm_env[1], [str(script)], env=dict({"ENABLE_XLKV": "true"}, **extra))
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[name] = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["warn"]["use_mla"] is True and out["warn"]["layout"] == "None", out
+    assert any(x.startswith("WARNING") and "stock per-layer KV layout is kept: MLA models" in x
+               for x in out["warn"]["log"]), out["warn"]["log"]
+    assert out["strict"]["layout"].startswith("raised XlkvError") and "XLKV_STRICT=1" in out["strict"]["layout"], out

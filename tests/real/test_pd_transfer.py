@@ -69,14 +69,25 @@ def _shim_log(r):
     return json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
 
 
-def test_block_size_mismatch_is_refused(vllm_env, tmp_path):
-    # P 16, D 32: the direction vLLM itself lets through (it re-splits remote blocks), so the
-    # refusal must come from xlkv's guard on every release
-    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", "16",
-                "--d-block-size", "32", env={"ENABLE_XLKV": "true"})
-    assert r["transfer_verified"] is False
-    text = json.dumps(r["errors"]) + r["_log"]
-    assert "NIXL handshake refused" in text and "block size" in text, text[-3000:]
+def test_block_size_refusal_fails_the_request_and_the_engine_keeps_serving(vllm_env, tmp_path):
+    """D (32-token blocks) first gets a request from a prefill with 16-token blocks: P 16, D 32, the
+    direction vLLM itself lets through (it re-splits remote blocks), so the refusal must come from
+    xlkv's guard on every release.  That request must fail and D keep serving: the next request,
+    from a prefill with D's block size, transfers exactly on the same D processes.  (0.12-0.21:
+    vLLM's failure path looked the refused engine up, KeyError, and the decode worker died.)"""
+    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", "32",
+                "--d-block-size", "32", "--refused-peer-block-size", "16", env={"ENABLE_XLKV": "true"})
+    refused = r.get("refused_peer") or {}
+    assert "d_died" not in refused, refused.get("d_died")
+    text = json.dumps(refused.get("errors"))
+    assert "NIXL handshake refused" in text and "registers 16-token blocks with NIXL" in text, text[-3000:]
+    # the request failed: finished with its blocks invalid, nothing handed to NIXL
+    assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], refused
+    assert not refused["xfer_calls"], refused
+    # and the engine kept serving: the compatible prefill's request arrived byte for byte (the
+    # refused request's blocks 23-25 checked untouched)
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    assert r["cases"]["noncontig"]["ok"] and r["cases"]["noncontig"]["bytes_ok"], r["cases"]
 
 
 def test_host_buffer_mode_keeps_the_stock_layout_with_a_warning(vllm_env, tmp_path):
@@ -120,9 +131,9 @@ def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, 
     # prefill: never a transfer. 0.12-0.28: the MultiConnector side keeps the stock layout (its
     # other child takes no cross-layer blocks) and says so in a WARNING; the handshake is refused,
     # by xlkv with the cause named where the two hashes differ only by the layout (0.13-0.21) or,
-    # without a hash, where the registered regions differ (0.12); otherwise by vLLM's own hash
-    # check (0.22+ also hash whether the hybrid KV manager is on, which the example connector
-    # turns off: stock vLLM refuses this pairing too).
+    # without a hash, where the registered regions differ (0.12); 0.22+ also hash whether the
+    # hybrid KV manager is on, which the example connector turns off (stock vLLM refuses this
+    # pairing too): xlkv names the connector configuration there.
     r = harness(vllm_env[1], tmp_path, "multi_mixed", "--case", "noncontig", "--d-connector", "multi-mixed",
                 env={"ENABLE_XLKV": "true"})
     assert r["transfer_verified"] is False
@@ -131,12 +142,19 @@ def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, 
         assert r["d"]["cross_layer"] is False and r["p"]["cross_layer"] is True
         assert "also runs ExampleConnector" in text or "also runs SharedStorageConnector" in text, text[-3000:]
     if release_of(vllm_env) < (0, 13):  # no hash: xlkv compares the registered regions
-        assert "NIXL handshake refused: this engine registered 8 per-layer regions" in text, text[-3000:]
+        assert "NIXL handshake refused: this engine runs the stock per-layer KV layout" in text, text[-3000:]
+        assert "this engine registered 8 region(s), the remote engine 1" in text, text[-3000:]
     elif release_of(vllm_env) < (0, 22):
         assert "NIXL handshake refused: this kv_both engine runs the stock per-layer KV layout" in text, text[-3000:]
         assert "remote engine runs xlkv's cross-layer KV layout" in text
     else:
-        assert "compatibility hash mismatch" in text or "NIXL handshake refused" in text, text[-3000:]
+        # vLLM's hash differs by more than the layout (the hybrid KV cache manager that the example
+        # connector turns off): xlkv names the connector configuration, not "model, dtype, block size"
+        assert "NIXL handshake refused" in text, text[-3000:]
+        assert ("inside a MultiConnector with ExampleConnector" in text
+                or "inside a MultiConnector with SharedStorageConnector" in text), text[-3000:]
+        assert "hybrid KV cache manager" in text and "KV connector list" in text, text[-3000:]
+        assert "block size" not in text.split("NIXL handshake refused", 1)[1][:1500], text[-3000:]
 
 
 def test_kernel_block_smaller_than_the_logical_block(vllm_env, tmp_path):
