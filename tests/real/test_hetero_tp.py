@@ -39,11 +39,17 @@ def _heads(shape):
     return shape[-2] if shape[-1] == 64 else shape[-3]
 
 
+def _vllm_ranks(ranks):
+    """(TP rank, TP size) of each rank's NIXL connector worker, as vLLM's parallel state gave
+    them (the harness only starts the processes)."""
+    return [(x["worker"].get("tp_rank"), x["worker"].get("world_size")) for x in ranks]
+
+
 def _assert_exact(r, p_tp, d_tp, kv_heads=2):
+    # each process is the rank the parent checks it as, in vLLM's own parallel state
+    assert _vllm_ranks(r.get("d_ranks") or []) == [(i, d_tp) for i in range(d_tp)], (r.get("d_ranks"), r["errors"])
+    assert _vllm_ranks(r.get("p_ranks") or []) == [(i, p_tp) for i in range(p_tp)], (r.get("p_ranks"), r["errors"])
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
-    assert r["tp"] == {"p": p_tp, "d": d_tp}
-    assert [x["tp_rank"] for x in r["d_ranks"]] == list(range(d_tp))
-    assert [x["tp_rank"] for x in r["p_ranks"]] == list(range(p_tp))
     # each rank holds its share of the model's KV heads
     for x in r["d_ranks"]:
         assert _heads(x["layer_view_shape"]) == kv_heads // d_tp, x
@@ -167,7 +173,7 @@ def test_the_per_rank_comparison_catches_a_rank_holding_other_heads(vllm_env, tm
     # in order, so each process's (correctly transferred) head is compared with the other head
     r = harness(vllm_env[1], tmp_path, "swapped", "--d-tp", "2", "--case", "noncontig",
                 "--plant-fault", "swap-d-ranks")
-    assert [x["tp_rank"] for x in r["d_ranks"]] == [1, 0]
+    assert _vllm_ranks(r["d_ranks"]) == [(1, 2), (0, 2)]  # the fault is in place: checked as 0, 1
     case = r["cases"]["noncontig"]
     assert all(x["recv_done"] for x in case["ranks"]), case  # the transfer itself completed
     assert r["transfer_verified"] is False and case["bytes_ok"] is False
