@@ -21,21 +21,55 @@ DOC = os.path.join(ROOT, "docs", "support-matrix.md")
 START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 
 
+ORDER = ("reversed", "interleaved", "shared")
+
+
+def merged_cell(m):
+    """'stock → xlkv' per block-order case; 'stock → off → xlkv' where the run recorded the
+    count with the ordering off (XLKV_COALESCE=false)."""
+    cells = []
+    for c in ORDER:
+        if c not in m:
+            continue
+        if m[c].get("xlkv_keep_order") is not None:
+            cells.append("%s → %s → %s" % (m[c]["stock"], m[c]["xlkv_keep_order"], m[c]["xlkv"]))
+        else:
+            cells.append("%s → %s" % (m[c]["stock"], m[c]["xlkv"]))
+    return " / ".join(cells) or "—"
+
+
+def push_cell(p):
+    if p is None:
+        return "not run"
+    if not p.get("available"):
+        return "no push connector"
+    if not p.get("as_expected"):
+        return "FAILED"
+    m = p.get("merged_descriptors") or {}
+    fails = sorted(p.get("vllm_failures") or {})
+    head = "exact" if not fails else "exact except %s, where stock vLLM's push writes other blocks too" % (
+        ", ".join(fails))
+    return "%s; %s" % (head, " / ".join("%s → %s" % (m[c]["stock"], m[c]["xlkv"]) for c in ORDER if c in m))
+
+
 def table(matrix, gpu=None):
     gpu = gpu or {}
     lines = ["| vLLM | mechanism | status | descriptors per block, stock → xlkv | NIXL descriptors moved, stock → "
-             "xlkv: 8 blocks descending / 6 interleaved / 4 after a prefix hit | transfer verified | GPU | notes |",
-             "|---|---|---|---|---|---|---|---|"]
+             "xlkv (stock → ordering off → xlkv where measured): 8 blocks descending / 6 interleaved / 4 after a "
+             "prefix hit | push connector (P WRITEs), stock → xlkv, same cases | transfer verified | GPU | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in matrix["rows"]:
         s, x = r.get("descriptors_per_block_stock"), r.get("descriptors_per_block_xlkv")
         desc = "%s → %s" % (s, x) if s is not None or x is not None else "—"
-        m = r.get("merged_descriptors") or {}
-        merged = " / ".join("%s → %s" % (m[c]["stock"], m[c]["xlkv"]) for c in ("reversed", "interleaved", "shared")
-                            if c in m) or "—"
+        merged = merged_cell(r.get("merged_descriptors") or {})
+        push = push_cell(r.get("push")) if r["status"] != "unsupported" else "—"
         g = gpu.get(r["vllm"], {}).get("gpu") or ("CPU only" if r["status"] == "pass" else "—")
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["vllm"], r["mechanism"], r["status"], desc, merged, "yes" if r.get("transfer_verified") else "no", g,
-            (r.get("notes") or "").replace("|", "/")))
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["vllm"], r["mechanism"], r["status"], desc, merged, push, "yes" if r.get("transfer_verified") else "no",
+            g, (r.get("notes") or "").replace("|", "/")))
+    off = [r["vllm"] for r in matrix["rows"]
+           if any((r.get("merged_descriptors") or {}).get(c, {}).get("xlkv_keep_order") is not None for c in ORDER)]
+    pushed = [r["vllm"] for r in matrix["rows"] if (r.get("push") or {}).get("available")]
     lines.append("")
     lines.append("Descriptors are for the harness model (4 layers: stock is one per layer and per K/V up to "
                  "0.25, one per layer from 0.26); a Qwen3-0.6B block costs 56 (≤0.25) or 28 descriptors stock. "
@@ -46,10 +80,15 @@ def table(matrix, gpu=None):
                  "NIXL descriptors moved: NIXL's own count after its merge (what vLLM's KV metrics print) for the "
                  "harness's block orders of a loaded server, bytes compared in each; xlkv lists the pairs in "
                  "ascending local order (patches/transfer_order.py). "
+                 "With the ordering off (`XLKV_COALESCE=false`, vLLM's order) the count was measured in %s; "
+                 "rows with two numbers per case were not run with it. "
+                 "Push connector (vLLM's `NixlPushConnector`, `pd_harness.py --transfer push`): run in %s; "
+                 "'not run' rows predate it. "
                  "Produced by `%s`. GPU column: `experiments/results/gpu-proven.json`, which names the result "
-                 "files." % matrix.get("command", "tests/compat/run_matrix.py"))
+                 "files and the fields of each that back its words." % (
+                     ", ".join(off) or "no row", ", ".join(pushed) or "no row",
+                     matrix.get("command", "tests/compat/run_matrix.py")))
     return "\n".join(lines)
-
 
 
 # the README's mechanism cell: the part before the detail (the full name is in the docs table)
