@@ -378,9 +378,10 @@ def run_release(release, logs):
     problems.extend(safety_problems)
     row["status"] = "fail" if problems else "pass"
     row["notes"] = "; ".join(problems) if problems else (
-        "cross-layer %s, %s region(s), %s B per block; decode-only flag refused at handshake; safety cases %s"
+        "cross-layer %s, %s region(s), %s B per block; %s"
         % (xlkv.get("cross_layer"), xlkv.get("num_regions"), xlkv.get("block_len"),
-           row["details"]["safety_cases_passed"]))
+           "only the order and push runs (--only-order)" if ONLY_ORDER else
+           "decode-only flag refused at handshake; safety cases %s" % row["details"]["safety_cases_passed"]))
     return row
 
 
