@@ -151,8 +151,7 @@ def test_multiconnector_with_a_child_that_takes_no_cross_layer_blocks(vllm_env, 
         # vLLM's hash differs by more than the layout (the hybrid KV cache manager that the example
         # connector turns off): xlkv names the connector configuration, not "model, dtype, block size"
         assert "NIXL handshake refused" in text, text[-3000:]
-        assert ("inside a MultiConnector with ExampleConnector" in text
-                or "inside a MultiConnector with SharedStorageConnector" in text), text[-3000:]
+        assert "vLLM's hybrid KV cache manager is off on this engine" in text, text[-3000:]
         assert "hybrid KV cache manager" in text and "KV connector list" in text, text[-3000:]
         assert "block size" not in text.split("NIXL handshake refused", 1)[1][:1500], text[-3000:]
 

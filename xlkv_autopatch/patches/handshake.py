@@ -88,15 +88,22 @@ def _local_cause():
 
 
 def _connectors_here(worker):
-    """'; this engine runs NixlConnector inside a MultiConnector with X' where that is so."""
-    cfg = getattr(getattr(worker, "vllm_config", None), "kv_transfer_config", None)
-    if getattr(cfg, "kv_connector", None) != "MultiConnector":
-        return ""
-    children = (getattr(cfg, "kv_connector_extra_config", None) or {}).get("connectors") or []
-    others = sorted({c.get("kv_connector") for c in children if isinstance(c, dict)} - set(NIXL_CONNECTORS))
-    if not others:
-        return ""
-    return "; this engine runs its NixlConnector inside a MultiConnector with %s" % ", ".join(map(str, others))
+    """What this engine's connector configuration adds to its hash: the MultiConnector's other
+    connectors where the worker sees them, and whether vLLM's hybrid KV cache manager is on
+    (vLLM hashes that; it turns it off for a MultiConnector with a connector that lacks it, and
+    hands each child connector a config of its own, so the worker may not see the list)."""
+    vllm_config = getattr(worker, "vllm_config", None)
+    notes = []
+    cfg = getattr(vllm_config, "kv_transfer_config", None)
+    if getattr(cfg, "kv_connector", None) == "MultiConnector":
+        children = (getattr(cfg, "kv_connector_extra_config", None) or {}).get("connectors") or []
+        others = sorted({str(c.get("kv_connector")) for c in children if isinstance(c, dict)} - set(NIXL_CONNECTORS))
+        if others:
+            notes.append("this engine runs its NixlConnector inside a MultiConnector with %s" % ", ".join(others))
+    hma_off = getattr(getattr(vllm_config, "scheduler_config", None), "disable_hybrid_kv_cache_manager", None)
+    if isinstance(hma_off, bool):
+        notes.append("vLLM's hybrid KV cache manager is %s on this engine" % ("off" if hma_off else "on"))
+    return "".join("; " + n for n in notes)
 
 
 def _explain(local, remote, worker=None):
