@@ -236,14 +236,21 @@ def test_push_connector_writes_exact_bytes_with_the_pairs_ordered(vllm_env, tmp_
     once_per_session(vllm_env, "one release runs the push path (the compat matrix runs every release that has it)")
     if not _has_push_connector(vllm_env[1]):
         pytest.skip("vLLM %s has no NixlPushConnector" % vllm_env[0])
-    r = harness(vllm_env[1], tmp_path, "push", "--transfer", "push", "--case", "noncontig",
-                *[a for c in ORDER_CASES for a in ("--case", c)], env={"ENABLE_XLKV": "true"})
+    cases = ["noncontig"] + list(ORDER_CASES)
+    if release_of(vllm_env) < (0, 33):
+        # measured on 0.26.0 (compat matrix, push.vllm_failures): on a D-side prefix hit stock vLLM's
+        # push pairs D's blocks with P's first blocks, not its last, so "shared" is wrong with and
+        # without the shim; 0.33.0 trims P's list from the end
+        cases.remove("shared")
+    r = harness(vllm_env[1], tmp_path, "push", "--transfer", "push", *[a for c in cases for a in ("--case", c)],
+                env={"ENABLE_XLKV": "true"})
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
     for side in ("p", "d"):
         assert r[side]["connector_class"].endswith(".NixlPushConnector"), r[side]["connector_class"]
     assert r["cross_layer"] is True and r["descs_per_block"] == 1
     blocks = {"noncontig": 4, "reversed": 8, "interleaved": 6, "shared": 4}
     merged = dict(ORDER_CASES, noncontig=4)  # noncontig: 4 blocks that continue nowhere
+    assert sorted(r["cases"]) == sorted(cases)
     for name, case in r["cases"].items():
         assert case["transfer"] == "push" and case["bytes_ok"] and case["p_done_sending"], (name, case)
         assert case["d_xfer_calls"] == [], (name, case)  # D made no transfer: P wrote
