@@ -375,8 +375,9 @@ def pin_cpu(release, python, timeout=None):
     os.unlink(tmp)
     passing = sorted(t for t, o in res["modes"]["stock"]["outcomes"].items() if o == "passed")
     pins = json.load(open(CPU_PINS)) if os.path.isfile(CPU_PINS) else {}
-    pins[release] = {"files": files, "passing_stock": passing,
-                     "of": len(res["modes"]["stock"]["outcomes"]), "commit": _commit()}
+    kept = pins.get(release, {}).get("added_by_hand", [])  # ids without cpu_test that pass on CPU (see "added_why")
+    pins[release] = dict(pins.get(release, {}), files=files, passing_stock=sorted(set(passing) | set(kept)),
+                         of=len(res["modes"]["stock"]["outcomes"]), commit=_commit())
     _write(CPU_PINS, pins)
     print("vLLM %s: %d of %d ids pass stock on this CPU machine -> %s" % (
         release, len(passing), len(res["modes"]["stock"]["outcomes"]), CPU_PINS))

@@ -90,6 +90,6 @@ def is_cross_layer(worker):
         return True
     for topo_name in ("transfer_topo", "kv_topo"):
         topo = getattr(worker, topo_name, None)
-        if topo is not None and getattr(topo, "cross_layers_blocks", False):
+        if topo is not None and getattr(topo, "cross_layers_blocks", False) is True:
             return True
     return facts.current().kv_cache_layouts and getattr(worker, "kv_cache_layout", None) in layout.WHOLE_ROW_LAYOUTS

@@ -219,6 +219,10 @@ def _layout_refusal(instance, meta, cross, f):
     remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
     local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
     names = (getattr(instance, "kv_cache_layout", None), getattr(meta, "kv_cache_layout", None))
+    if f.kv_cache_layouts and not all(isinstance(n, str) and n for n in names):
+        return None  # 0.29+: only the published layout names tell; region counts differ for other reasons (PP)
+    if not f.kv_cache_layouts and (getattr(instance, "pp_size", 1) or 1) != 1:
+        return None  # pipeline parallel: vLLM slices the peer's regions to this stage's layers
     remote_cross = layout.remote_cross_layer(
         local_cross=cross, local_regions=local_regions, remote_regions=remote_regions,
         **(dict(local_layout=names[0], remote_layout=names[1]) if f.kv_cache_layouts else {}))
