@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from .conftest import ROOT
+from conftest import ROOT
 
 TOOL = os.path.join(ROOT, "experiments", "upstream", "upstream_tests.py")
 _spec = importlib.util.spec_from_file_location("upstream_tests", TOOL)
