@@ -187,3 +187,17 @@ def test_the_gpu_column_check_catches_a_claim_its_file_contradicts():
     bad = _claim_problems("0.21.0", "2×H200: equivalence PASS (TP 1→1, 2→2), 64×10240 TTFT", claims)
     assert any("equivalence_pass is False in the file" in b for b in bad), bad
     assert any("'64×10240' at" in b for b in bad), bad  # a result word no claim backs
+
+
+def test_upstream_tests_table_matches_the_result_files():
+    """README's table of vLLM's own NIXL tests is the rendering of experiments/results/upstream-tests-*.json."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "upstream_tests", os.path.join(ROOT, "experiments", "upstream", "upstream_tests.py"))
+    upstream = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(upstream)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    start, end = readme.index(upstream.TABLE_START), readme.index(upstream.TABLE_END)
+    assert readme[start + len(upstream.TABLE_START):end].strip() == upstream.table(), (
+        "README's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
