@@ -21,6 +21,7 @@ The worker classes by release: ``...kv_connector.v1.nixl_connector.NixlConnector
 ``...v1.nixl.base_worker.NixlBaseConnectorWorker`` (0.24+).
 """
 
+import functools
 import importlib.abc
 import os
 import sys
@@ -217,10 +218,11 @@ def _wrap(cls, meth):
                 self._xlkv_nc_busy = False
         return result
 
+    # the original's name, doc and signature (__wrapped__): the shim checks the signature of
+    # what it wraps, and the hook must not change what it sees
+    functools.update_wrapper(poll, orig)
     setattr(poll, _MARK, True)
-    poll.__name__ = meth
     poll.__qualname__ = "%s.%s" % (cls.__name__, meth)
-    poll.__doc__ = orig.__doc__
     setattr(cls, meth, poll)
     return True
 
