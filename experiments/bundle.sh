@@ -6,6 +6,11 @@
 #                                    image's, that torch + its triton/torchvision + the CUDA
 #                                    libraries in XLKV_BUNDLE_LIBS); pack it as one zstd tar
 #                                    split into <= CHUNK_MB chunks DIR/p<NN>; write DIR/MANIFEST
+#   bundle.sh build-libs TORCH DIR LIB...
+#                                    here: a second bundle holding only CUDA wheels (a bare name
+#                                    takes the version torch TORCH pins): for a carried CUDA-12
+#                                    torch, whose libraries the CUDA-13 image lacks, kept apart so
+#                                    that a missing library costs a few chunks, not a rebuild
 #   bundle.sh pack SITE DIR VERSION  here: only the packing step of build (a site folder -> chunks)
 #   bundle.sh manifest DIR VERSION   here: (re)write DIR/MANIFEST (version, chunk names, sha256)
 #   bundle.sh stage DIR              GPU machine, once per carried chunk: copy DIR/p*, the
@@ -14,6 +19,9 @@
 #                                    against MANIFEST, unpack into $SITE (/tmp/site), then try
 #                                    `import torch` and `import vllm._C` (or vllm._C_stable_libtorch) (the ImportError names
 #                                    a missing library) and print versions
+#   bundle.sh add DIR                GPU machine, after setup of the main bundle: check DIR's
+#                                    staged chunks and unpack them into the same $SITE (a
+#                                    build-libs bundle), then the same import checks
 #   bundle.sh check                  is a vLLM in $SITE importable? (prints versions)
 #
 # One device call carries at most 64 MiB, so chunks travel one per call, calls back to back
@@ -34,6 +42,10 @@
 #                      nvidia-cudnn-cu13" after `setup` named libcudnn.
 #   XLKV_BUNDLE_IMAGE  the GPU image's packages (default experiments/build_bundle_image.txt)
 #   XLKV_BUNDLE_SKIP   extra regex of package names to leave out
+#   XLKV_BUNDLE_RESOLVE image packages to resolve by vLLM's pins and carry instead of the
+#                      image's (e.g. "transformers tokenizers huggingface-hub" for 0.12-0.19)
+#   XLKV_BUNDLE_NIXL   NIXL wheel (default nixl-cu13; nixl-cu12 when the carried torch is a
+#                      CUDA-12 build)
 #   XLKV_BUNDLE_EXTRA  extra requirements resolved with vLLM's (e.g. "ray[cgraph]" for
 #                      --distributed-executor-backend ray); less the image's packages as well
 #   CHUNK_MB (55; CHUNK_BYTES overrides), ZSTD_LEVEL (12), BUNDLE_WORK (.xfer-tmp/build-VERSION; deleted at the end
@@ -55,8 +67,8 @@ site_version() {
 write_manifest() {  # DIR VERSION [HEADER_FILE: torch/carry lines; default: the old MANIFEST's]
   local d=$1 ver=$2 hdr=${3:-} extra
   [ -d "$d" ] || { echo "no bundle folder $d" >&2; exit 2; }
-  if [ -n "$hdr" ]; then extra=$(grep -E '^(torch|carry) ' "$hdr" || true)
-  else extra=$(grep -E '^(torch|carry) ' "$d/MANIFEST" 2>/dev/null || true); fi
+  if [ -n "$hdr" ]; then extra=$(grep -E '^(torch|carry|libs) ' "$hdr" || true)
+  else extra=$(grep -E '^(torch|carry|libs) ' "$d/MANIFEST" 2>/dev/null || true); fi
   ( cd "$d"
     { echo "version $ver"
       [ -z "$extra" ] || echo "$extra"
@@ -145,10 +157,25 @@ build() {
 
   # 2. vLLM's dependencies for Python 3.12, less what the image has (kept lean: the image's
   #    own versions are used even where vLLM asks for newer ones, as with 0.21/0.26)
-  sed -E 's/==.*//; /^\s*(#|$)/d; s/$/; sys_platform == "never"/' "$IMAGE_LIST" > "$work/overrides.txt"
-  printf 'vllm==%s\nnixl-cu13\n' "$ver" > "$work/req.in"
+  #    XLKV_BUNDLE_RESOLVE names image packages resolved by vLLM's pins instead (and carried):
+  #    0.12-0.19 want transformers < 5, the image has 5.x
+  local resolve_re="^(${XLKV_BUNDLE_RESOLVE:+$(echo "$XLKV_BUNDLE_RESOLVE" | xargs | tr ' ' '|')}|XLKV_NONE)=="
+  grep -viE "$resolve_re" "$IMAGE_LIST" | \
+    sed -E 's/==.*//; /^\s*(#|$)/d; s/$/; sys_platform == "never"/' > "$work/overrides.txt"
+  # NIXL built for torch's CUDA major: a carried CUDA-12 torch (0.12-0.19) needs nixl-cu12
+  local nixl=${XLKV_BUNDLE_NIXL:-nixl-cu13}
+  if [ -z "${XLKV_BUNDLE_NIXL:-}" ] && [ -n "$torch_pin" ] && [ "$torch_pin" != "$image_torch" ]; then
+    pip_download "$work/wheels" "torch==$torch_pin"
+    if wheel_requires "$(ls "$work"/wheels/torch-*.whl)" | grep -iE '^nvidia-[a-z_-]+-cu12' >/dev/null; then nixl=nixl-cu12; fi
+  fi
+  echo "NIXL: $nixl"
+  printf 'vllm==%s\n%s\n' "$ver" "$nixl" > "$work/req.in"
   local x; for x in ${XLKV_BUNDLE_EXTRA:-}; do echo "$x" >> "$work/req.in"; done
-  uv pip compile -q "$work/req.in" --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+  # resolve for the glibc vLLM's own wheel asks for (0.15 wheels are manylinux_2_31), at least 2.28
+  local glibc
+  glibc=$(basename "$vwheel" | grep -oE 'manylinux_2_[0-9]+' | sed 's/manylinux_2_//' | sort -n | tail -1)
+  [ -n "$glibc" ] && [ "$glibc" -ge 28 ] || glibc=28
+  uv pip compile -q "$work/req.in" --python-version 3.12 --python-platform "x86_64-manylinux_2_$glibc" \
     --override "$work/overrides.txt" -o "$work/req.txt"
   local skip="^($SKIP_DEFAULT${XLKV_BUNDLE_SKIP:+|$XLKV_BUNDLE_SKIP})(\[[^]]*\])?=="
   grep -vE '^\s*#|^\s*$' "$work/req.txt" | grep -viE "$skip" | grep -viE '^vllm==' > "$work/req.slim.txt"
@@ -156,7 +183,7 @@ build() {
 
   # 3. torch, when the release pins another one than the image's
   if [ -n "$torch_pin" ] && [ "$torch_pin" != "$image_torch" ]; then
-    pip_download "$work/wheels" "torch==$torch_pin"
+    [ -n "$(ls "$work"/wheels/torch-*.whl 2>/dev/null)" ] || pip_download "$work/wheels" "torch==$torch_pin"
     local twheel; twheel=$(ls "$work"/wheels/torch-*.whl)
     wheel_requires "$twheel" > "$work/torch.requires"
     local extra=("torch==$torch_pin") spec name lib
@@ -216,6 +243,37 @@ build() {
   echo "chunks: $(ls "$out"/p[0-9]* | wc -l), $(du -cm "$out"/p[0-9]* | tail -1 | cut -f1) MB"
 }
 
+build_libs() {  # TORCH_VERSION DIR LIB...
+  local tv=${1:?usage: bundle.sh build-libs TORCH DIR LIB...} out=${2:?DIR}; shift 2
+  [ $# -gt 0 ] || { echo "name the CUDA wheels to carry" >&2; exit 2; }
+  local repo; repo=$(cd "$HERE/.." && pwd)
+  local work=${BUNDLE_WORK:-$repo/.xfer-tmp/libs-$tv} lib spec w carried=("libs for torch $tv")
+  case "$out" in /*) ;; *) out="$repo/$out" ;; esac
+  rm -rf "$work" && mkdir -p "$work/wheels" "$work/site" "$out"
+  pip_download "$work/wheels" "torch==$tv"
+  wheel_requires "$(ls "$work"/wheels/torch-*.whl)" > "$work/torch.requires"
+  rm -f "$work"/wheels/torch-*.whl
+  local reqs=()
+  for lib in "$@"; do
+    case "$lib" in
+      *==*) reqs+=("$lib") ;;
+      *) spec=$(pin_of "$lib" < "$work/torch.requires")
+         [ -n "$spec" ] || { echo "torch $tv does not pin $lib: give $lib==VERSION" >&2; exit 2; }
+         reqs+=("$lib$spec") ;;
+    esac
+  done
+  echo "carrying: ${reqs[*]}"
+  pip_download "$work/wheels" "${reqs[@]}"
+  for w in "$work"/wheels/*.whl; do
+    unzip -q -o "$w" -d "$work/site"
+    carried+=("carry $(basename "$w" | cut -d- -f1)==$(basename "$w" | cut -d- -f2)")
+  done
+  printf '%s\n' "${carried[@]}" > "$work/carried.txt"
+  pack "$work/site" "$out" "libs-torch-$tv" "$work/carried.txt"
+  [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$work"
+  echo "chunks: $(ls "$out"/p[0-9]* | wc -l), $(du -cm "$out"/p[0-9]* | tail -1 | cut -f1) MB"
+}
+
 # pack SITE_DIR OUT VERSION [HEADER_FILE]: one compressed tar of SITE_DIR split into chunks
 # OUT/p00, p01, ... of at most CHUNK_BYTES (default CHUNK_MB=55 MB), then OUT/MANIFEST.
 # BUNDLE_COMPRESS: zstd (default; setup needs the zstandard wheel in OUT) or xz (Python's lzma).
@@ -267,7 +325,7 @@ def versions():
     out = [f"vllm {m.version('vllm')}"]
     import torch
     out += [f"torch {torch.__version__}", f"cuda {torch.version.cuda}", f"gpus {torch.cuda.device_count()}"]
-    for name in ("triton", "torchvision", "nixl-cu13", "transformers"):
+    for name in ("triton", "torchvision", "nixl-cu12", "nixl-cu13", "transformers"):
         try: out.append(f"{name} {m.version(name)}")
         except m.PackageNotFoundError: out.append(f"{name} -")
     try: out.append("nccl " + ".".join(map(str, torch.cuda.nccl.version())))
@@ -282,6 +340,55 @@ def nixl_line():
 step("import nixl._api", nixl_line)
 sys.exit(bad)
 EOF
+}
+
+# link_image_libs: a carried CUDA-12 torch finds its libraries by RPATH in $SITE/nvidia/<lib>/lib
+# (torch's search of sys.path runs only when that fails).  The image's CUDA-13 wheels that keep
+# the soname of their CUDA-12 builds (cudnn .9, nccl .2, cusparselt .0, nvshmem_host .3) have
+# their own folders there: link each one the bundles do not carry into $SITE/nvidia (seen on
+# 2026-11-24: without them `import torch` fails on libcusparseLt.so.0).  The image's
+# nvidia/cu13 folder (other sonames) is never linked.  XLKV_IMAGE_SITE: the image's
+# site-packages (default: this interpreter's, without PYTHONPATH).
+link_image_libs() {
+  local image d n
+  image=${XLKV_IMAGE_SITE:-$(env -u PYTHONPATH "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}
+  [ -d "$image/nvidia" ] && [ -d "$SITE/nvidia" ] || return 0
+  for d in "$image"/nvidia/*/; do
+    n=$(basename "$d")
+    [ "$n" != cu13 ] && [ ! -e "$SITE/nvidia/$n" ] || continue
+    ln -s "${d%/}" "$SITE/nvidia/$n" && echo "linked the image's nvidia/$n into $SITE/nvidia"
+  done
+}
+
+# unpack_chunks DEST: the staged chunks in the current folder are one compressed tar (zstd, or
+# xz), split: join them in name order and unpack into DEST.  The zstandard wheel of the first
+# bundle set up is kept in $STAGE_ROOT/.zstandard for later ones (a libs bundle has none).
+unpack_chunks() {
+  local dest=$1 zs="$STAGE_ROOT/.zstandard" first
+  first=$(ls p* | sort | head -1)
+  if [ "$(head -c 4 "$first" | od -An -tx1 | tr -d ' \n')" = 28b52ffd ] &&
+     ! PYTHONPATH="$zs" "$PY" -c 'import zstandard' 2>/dev/null; then
+    rm -rf "$zs"
+    "$PY" -m pip install -q --no-index --no-deps --target "$zs" zstandard-*.whl
+  fi
+  # shellcheck disable=SC2046
+  cat $(ls p* | sort) | PYTHONPATH="$zs" "$PY" -c '
+import sys, tarfile
+src = sys.stdin.buffer
+head = src.peek(4)[:4] if hasattr(src, "peek") else b""
+if head == b"\x28\xb5\x2f\xfd":
+    import zstandard
+    src = zstandard.ZstdDecompressor().stream_reader(src)
+    mode = "r|"
+else:
+    mode = "r|*"   # xz / gzip: the standard library
+with tarfile.open(fileobj=src, mode=mode) as t:
+    if hasattr(tarfile, "data_filter"):
+        t.extractall(sys.argv[1], filter="fully_trusted")
+    else:
+        t.extractall(sys.argv[1])
+' "$dest"
+  echo "unpacked $(ls p* | wc -l) chunks into $dest: $(du -sm "$dest" | cut -f1) MB"
 }
 
 case "$cmd" in
@@ -317,8 +424,8 @@ stage)
     echo "still to stage: ${left:-nothing (run setup)}"
   fi
   ;;
-setup)
-  [ -n "$dir" ] || { echo "usage: bundle.sh setup DIR" >&2; exit 2; }
+setup|add)
+  [ -n "$dir" ] || { echo "usage: bundle.sh $cmd DIR" >&2; exit 2; }
   src="$STAGE_ROOT/$(basename "$dir")"
   [ -d "$src" ] || { echo "nothing staged in $src" >&2; exit 2; }
   cd "$src"
@@ -334,44 +441,31 @@ setup)
     done < MANIFEST
     [ $missing = 0 ] || exit 2
   fi
-  have=$(site_version)
-  if [ -n "$have" ] && { [ -z "$want_ver" ] || [ "$have" = "$want_ver" ]; }; then
-    echo "$SITE already holds vLLM $have"
+  if [ "$cmd" = add ]; then
+    [ -n "$(site_version)" ] || { echo "add: no vLLM in $SITE yet (setup the main bundle first)" >&2; exit 2; }
+    if [ -f "$SITE/.added-$(basename "$dir")" ]; then echo "$dir already added to $SITE"
+    else unpack_chunks "$SITE" && touch "$SITE/.added-$(basename "$dir")"; fi
+    link_image_libs
+    # the torch of the main bundle (staged folders are named .xferNN: a bare * misses them)
+    want_torch=$(find "$STAGE_ROOT" -mindepth 2 -maxdepth 2 -name MANIFEST -exec awk '$1 == "torch" {print $2}' {} + | head -1)
   else
-    [ -z "$have" ] || echo "replacing vLLM $have in $SITE by $want_ver"
-    zs="$STAGE_ROOT/.zstandard"
-    rm -rf "$SITE" && mkdir -p "$SITE"
-    first=$(ls p* | sort | head -1)
-    if [ "$(head -c 4 "$first" | od -An -tx1 | tr -d ' \n')" = 28b52ffd ] &&
-       ! PYTHONPATH="$zs" "$PY" -c 'import zstandard' 2>/dev/null; then
-      rm -rf "$zs"
-      "$PY" -m pip install -q --no-index --no-deps --target "$zs" zstandard-*.whl
+    have=$(site_version)
+    if [ -n "$have" ] && { [ -z "$want_ver" ] || [ "$have" = "$want_ver" ]; }; then
+      echo "$SITE already holds vLLM $have"
+    else
+      [ -z "$have" ] || echo "replacing vLLM $have in $SITE by $want_ver"
+      rm -rf "$SITE" && mkdir -p "$SITE"
+      unpack_chunks "$SITE"
     fi
-    # the chunks are one compressed tar (zstd, or xz), split: join them in name order, unpack
-    # shellcheck disable=SC2046
-    cat $(ls p* | sort) | PYTHONPATH="$zs" "$PY" -c '
-import sys, tarfile
-src = sys.stdin.buffer
-head = src.peek(4)[:4] if hasattr(src, "peek") else b""
-if head == b"\x28\xb5\x2f\xfd":
-    import zstandard
-    src = zstandard.ZstdDecompressor().stream_reader(src)
-    mode = "r|"
-else:
-    mode = "r|*"   # xz / gzip: the standard library
-with tarfile.open(fileobj=src, mode=mode) as t:
-    if hasattr(tarfile, "data_filter"):
-        t.extractall(sys.argv[1], filter="fully_trusted")
-    else:
-        t.extractall(sys.argv[1])
-' "$SITE"
-    echo "unpacked into $SITE: $(du -sm "$SITE" | cut -f1) MB"
+    [ -z "$want_torch" ] || echo "the bundle carries torch $want_torch: $(grep '^carry ' MANIFEST | cut -d' ' -f2 | xargs)"
   fi
-  [ -z "$want_torch" ] || echo "the bundle carries torch $want_torch: $(grep '^carry ' MANIFEST | cut -d' ' -f2 | xargs)"
   probe "$want_torch"
   ;;
 check)
   probe
   ;;
-*) echo "unknown command $cmd (build manifest stage setup check)" >&2; exit 2 ;;
+build-libs)
+  build_libs "${@:2}"
+  ;;
+*) echo "unknown command $cmd (build build-libs pack manifest stage setup add check)" >&2; exit 2 ;;
 esac

@@ -105,7 +105,7 @@ def short_gpu(text):
     if not text:
         return ""
     what = [w for w, key in (("equivalence PASS", "equivalence PASS"), ("TTFT", "TTFT")) if key in text]
-    kinds = sorted(set(re.findall(r"\d+×H200", text)))
+    kinds = sorted(set(re.findall(r"\d+×H[12]00", text)))
     return "%s (%s)" % (", ".join(what) or "see details", ", ".join(kinds)) if kinds else ", ".join(what)
 
 

@@ -97,16 +97,16 @@ def chunks(bundle: Path):
     return sorted(p for p in bundle.iterdir() if p.name.startswith("p"))
 
 
-def stage_one_per_call(root: Path, checkout: Path) -> None:
+def stage_one_per_call(root: Path, checkout: Path, name: str = ".xferT") -> None:
     """each device call's working tree holds one chunk (and MANIFEST with the first)"""
-    for i, chunk in enumerate(chunks(checkout / ".xferT")):
-        call = root / f"call{i}"
-        (call / ".xferT").mkdir(parents=True)
-        shutil.copy(chunk, call / ".xferT")
+    for i, chunk in enumerate(chunks(checkout / name)):
+        call = root / f"call{name}{i}"
+        (call / name).mkdir(parents=True)
+        shutil.copy(chunk, call / name)
         if i == 0:
-            shutil.copy(checkout / ".xferT" / "MANIFEST", call / ".xferT")
-        out = run(["stage", ".xferT"], root, cwd=call).stdout
-        assert f"staged .xferT/{chunk.name}" in out
+            shutil.copy(checkout / name / "MANIFEST", call / name)
+        out = run(["stage", name], root, cwd=call).stdout
+        assert f"staged {name}/{chunk.name}" in out
 
 
 def test_pack_splits_into_chunks_within_the_limit_and_lists_them(tmp_path):
@@ -129,7 +129,7 @@ def test_stage_setup_check_puts_site_torch_ahead_of_the_image(tmp_path):
     checkout = build(tmp_path)
     stage_one_per_call(tmp_path, checkout)
     image = make_image(tmp_path)
-    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path / "call0", env_extra={"PYTHONPATH": str(image)})
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path / "call.xferT0", env_extra={"PYTHONPATH": str(image)})
     out = p.stdout
     site = tmp_path / "site"
     assert (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").stat().st_size == 5 * CHUNK + 123
@@ -190,3 +190,36 @@ def test_stage_rejects_a_chunk_that_differs_from_the_manifest(tmp_path):
     p = run(["stage", ".xferT"], tmp_path, cwd=checkout, check=False)
     assert p.returncode == 2 and "CHECKSUM MISMATCH" in p.stderr
     assert not (tmp_path / "stage" / ".xferT" / bad.name).exists()
+
+
+def test_add_unpacks_a_libs_bundle_into_the_site_and_links_the_image_libraries(tmp_path):
+    """0.12-0.19: the CUDA-12 libraries travel as a second bundle (build-libs); `add` unpacks it
+    into the same $SITE, once, and links the image's library folders that the bundles do not
+    carry (same soname in CUDA 12 and 13), never its nvidia/cu13 and never over a carried one"""
+    checkout = build(tmp_path)
+    stage_one_per_call(tmp_path, checkout)
+    libs = tmp_path / "libsite"
+    (libs / "nvidia" / "cublas" / "lib").mkdir(parents=True)
+    (libs / "nvidia" / "cublas" / "lib" / "libcublas.so.12").write_bytes(os.urandom(2 * CHUNK))
+    hdr = tmp_path / "libs.txt"
+    hdr.write_text("libs for torch 9.9.0\ncarry nvidia_cublas_cu12==12.8\n")
+    run(["pack", str(libs), str(checkout / ".xferL"), "libs-torch-9.9.0", str(hdr)], tmp_path, cwd=tmp_path)
+    assert "libs for torch 9.9.0" in (checkout / ".xferL" / "MANIFEST").read_text()
+    stage_one_per_call(tmp_path, checkout, ".xferL")
+    image = tmp_path / "image"
+    for name in ("cudnn", "nccl", "cu13"):
+        (image / "nvidia" / name / "lib").mkdir(parents=True)
+    env = {"XLKV_IMAGE_SITE": str(image)}
+    p = run(["add", ".xferL"], tmp_path, cwd=tmp_path, env_extra=env, check=False)
+    assert p.returncode == 2 and "setup the main bundle first" in p.stderr
+    run(["setup", ".xferT"], tmp_path, cwd=tmp_path)
+    out = run(["add", ".xferL"], tmp_path, cwd=tmp_path, env_extra=env).stdout
+    site = tmp_path / "site"
+    assert (site / "nvidia" / "cublas" / "lib" / "libcublas.so.12").stat().st_size == 2 * CHUNK
+    assert (site / "nvidia" / "cudnn").resolve() == (image / "nvidia" / "cudnn").resolve()
+    assert "linked the image's nvidia/cudnn" in out
+    assert not (site / "nvidia" / "nccl").is_symlink()       # carried by the main bundle
+    assert not (site / "nvidia" / "cu13").exists()           # other sonames: never linked
+    assert "import torch: 9.9.0+cu130" in out                # the main bundle's torch is checked
+    again = run(["add", ".xferL"], tmp_path, cwd=tmp_path, env_extra=env).stdout
+    assert ".xferL already added" in again
