@@ -151,20 +151,36 @@ assign_gpus() {
     die "$EXIT_SETUP" "TP_P=$TP_P TP_D=$TP_D need at least $max GPUs; this machine has $NGPU"
   fi
   log "GPU split: P on [$P_GPUS] (TP $TP_P), D on [$D_GPUS] (TP $TP_D), memory utilization $MEM_UTIL$( [ "$SHARED_GPU" = 1 ] && echo ', shared GPU')"
+  shared_gpu_ucx
 }
 
-# bench_gpus_ok: 0 when P and D get their own GPUs (NGPU >= TP_P + TP_D; detect_gpus first) or
-# BENCH_ALLOW_SHARED_GPU=1; otherwise prints why a P/D TTFT would mean nothing and returns 1.
-# P and D on one GPU time UCX's path between two processes on the same GPU, not the connector.
-# Measured 2026-11-23 (vLLM 0.26.0, 1xH200, P and D at 0.25 memory each): 1.12 GB transfers
-# took 4-10 s alone and ~75 s under load (0.1-0.3 GB/s), mean TTFT 114 s against 1.8 s on
-# 2xH200 (experiments/results/logs-2026-11-23-s8).
+# shared_gpu_ucx: on a shared GPU (SHARED_GPU=1) the servers get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
+# unless the caller set it.  UCX turns cuda_ipc's get-zcopy (NIXL's READ) off when it sees no
+# NVLink, which it never does with one GPU; READs then go through software emulation over
+# tcp/lo.  Measured 2026-11-24 on 1xH100 (experiments/probes/ucx_same_gpu.py, two processes):
+# 1.17 GB in 2.85-3.08 s (0.40 GB/s) with UCX's default, 0.91 ms (1292 GB/s) with the variable;
+# inside vLLM 0.15.1 a 450 MB transfer 1056 ms -> 1.7 ms, equivalence PASS
+# (experiments/results/2026-11-24-*).  2026-11-23's 114 s TTFT on a shared H200 was this path.
+shared_gpu_ucx() {
+  [ "${SHARED_GPU:-0}" = 1 ] || return 0
+  if [ -z "${UCX_CUDA_IPC_ENABLE_GET_ZCOPY+x}" ]; then
+    export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
+    log "shared GPU: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (UCX's default turns cuda_ipc READs off without NVLink: 0.4 GB/s)"
+  fi
+}
+
+# bench_gpus_ok: 0 when P and D get their own GPUs (NGPU >= TP_P + TP_D; detect_gpus first),
+# when they share one with cuda_ipc READs on (UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y, shared_gpu_ucx),
+# or BENCH_ALLOW_SHARED_GPU=1; otherwise prints why a P/D TTFT would mean nothing and returns 1.
+# On a shared GPU with get-zcopy the KV moves at device speed, but P's and D's compute compete:
+# such cells say "shared_gpu": true and are not comparable with two-GPU cells.
 bench_gpus_ok() {
   local need=$((TP_P + TP_D))
   if [ "$NGPU" -ge "$need" ] || [ "${BENCH_ALLOW_SHARED_GPU:-0}" = 1 ]; then return 0; fi
+  case "${UCX_CUDA_IPC_ENABLE_GET_ZCOPY-y}" in y|yes|on|1) return 0 ;; esac   # unset: shared_gpu_ucx sets y
   echo "needs $need GPUs (P: $TP_P, D: $TP_D) and this machine has $NGPU: P and D would share a GPU, \
-and UCX moves KV between two processes on one GPU at 0.1-0.3 GB/s, so the TTFT would measure that \
-path, not the connector"
+and with UCX_CUDA_IPC_ENABLE_GET_ZCOPY=${UCX_CUDA_IPC_ENABLE_GET_ZCOPY:-} UCX moves KV between two processes on one GPU at \
+0.1-0.4 GB/s, so the TTFT would measure that path, not the connector (unset it: the bench sets y on a shared GPU)"
   return 1
 }
 
@@ -286,6 +302,10 @@ start_server() {
   if [ -n "$CFG_KV_EXTRA" ]; then kvcfg+=",\"kv_connector_extra_config\":$CFG_KV_EXTRA"; fi
   kvcfg+='}'
   local -a envs=(CUDA_VISIBLE_DEVICES="$gpus" VLLM_NIXL_SIDE_CHANNEL_PORT="$side" UCX_NET_DEVICES=all)
+  # shared GPU: cuda_ipc READs on (shared_gpu_ucx); named here so the commands file shows it
+  if [ "${SHARED_GPU:-0}" = 1 ] && [ -n "${UCX_CUDA_IPC_ENABLE_GET_ZCOPY:-}" ]; then
+    envs+=(UCX_CUDA_IPC_ENABLE_GET_ZCOPY="$UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+  fi
   # Releases before 0.29 need the HND layout for NIXL (and for the cross-layer path).
   if version_lt "$VLLM_VERSION" 0.29; then envs+=(VLLM_KV_CACHE_LAYOUT="${KV_LAYOUT:-HND}"); fi
   envs+=("${CFG_ENV[@]}")

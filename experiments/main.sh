@@ -20,10 +20,13 @@ mkdir -p "$OUTDIR"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
   export EQ_JSON=${EQ_JSON:-$OUTDIR/equivalence.json}
   bash experiments/pd_equivalence.sh
-  # pd_bench.sh's own rule (lib.sh bench_gpus_ok): skip the benchmark, saying why, where it would refuse
-  if ! why=$(source experiments/lib.sh && detect_gpus && bench_gpus_ok); then
-    echo "the TTFT benchmark is skipped: P/D $why. The equivalence above ran with P and D sharing"
-    echo "the GPU; run this on a machine with a GPU each for P and D for the benchmark."
+  # TTFT is compared with one GPU each for P and D: on fewer, P's and D's compute compete (the
+  # KV itself moves at device speed there, lib.sh shared_gpu_ucx), so the main job skips it
+  if ! why=$(source experiments/lib.sh && detect_gpus && bench_gpus_ok) ||
+     ! (source experiments/lib.sh && detect_gpus && [ "$NGPU" -ge $((TP_P + TP_D)) ]); then
+    echo "the TTFT benchmark is skipped: P and D would share a GPU, where their compute competes${why:+ ($why)}."
+    echo "The equivalence above ran with P and D sharing the GPU; run this on a machine with a GPU"
+    echo "each for P and D for the benchmark (pd_bench.sh times a shared GPU too, marked shared_gpu)."
     exit 0
   fi
   bash experiments/pd_bench.sh

@@ -163,8 +163,9 @@ for cfg in $CONFIGS; do
       res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json"); proxy_files+=("$WORK/bench/$tag.proxy.json")
     done
     [ ${#res_files[@]} -gt 0 ] || continue
-    meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s", "state": "%s"}' \
-      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$(pdtools backend "${D_LOG:-$P_LOG}")" "$BENCH_STATE")
+    meta=$(printf '{"block_size": %d, "tp_p": %d, "tp_d": %d, "model": "%s", "attn_backend": "%s", "state": "%s", "shared_gpu": %s, "ucx_cuda_ipc_get_zcopy": "%s"}' \
+      "$BLOCK_SIZE" "$TP_P" "$TP_D" "$MODEL" "$(pdtools backend "${D_LOG:-$P_LOG}")" "$BENCH_STATE" \
+      "$( [ "${SHARED_GPU:-0}" = 1 ] && echo true || echo false)" "${UCX_CUDA_IPC_ENABLE_GET_ZCOPY:-}")
     pdtools bench-cell --out "$RESULT_JSON" --config "$cfg" --input-len "$L" \
       --output-len "$BENCH_OUT_LEN" --num-prompts "$N" --results "${res_files[@]}" --kv "${kv_files[@]}" --proxy "${proxy_files[@]}" \
       --commands "$COMMANDS_FILE" --bytes-per-block "$BYTES_PER_BLOCK" --vllm-version "$VLLM_VERSION" \

@@ -372,24 +372,30 @@ def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
     assert "Where the P/D TTFT goes" in md and "stock [fragmented]: P's answer" in md
 
 
-def test_bench_refuses_pd_configs_when_p_and_d_would_share_one_gpu(tmp_path):
-    """One GPU: P/D TTFT would time UCX's same-GPU path (0.1-0.3 GB/s measured), so pd_bench
-    refuses before starting anything; prefill_only (P alone) still runs."""
+def test_bench_on_one_gpu_turns_cuda_ipc_reads_on_and_refuses_without_them(tmp_path):
+    """One GPU: UCX turns cuda_ipc READs off without NVLink (0.4 GB/s measured), so the servers
+    get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (1292 GB/s measured) and the cells say shared_gpu; a caller
+    who sets it to n gets the refusal before any server starts; prefill_only (P alone) still runs."""
     pytest.importorskip("aiohttp", reason="the fake vLLM needs it")
     res = tmp_path / "results" / "r.json"
     e = _env(tmp_path, FAKE_NGPU="1", CONFIGS="prefill_only shim", INPUT_LENS="64", NUM_PROMPTS="2",
-             REPS="1", WARMUP_PROMPTS="0", RESULT_JSON=str(res))
+             REPS="1", WARMUP_PROMPTS="0", RESULT_JSON=str(res), UCX_CUDA_IPC_ENABLE_GET_ZCOPY="n")
     r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "config shim needs 2 GPUs" in r.stderr and "BENCH_ALLOW_SHARED_GPU=1" in r.stderr
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n" in r.stderr
     assert "start P[" not in r.stderr and not res.exists()  # refused before any server started
-    e["CONFIGS"] = "prefill_only"
+    del e["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"]
     r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert [c["config"] for c in json.loads(res.read_text())["cells"]] == ["prefill_only"]
-    assert json.loads(res.read_text())["gpu"] == "1xH200"
+    assert "shared GPU: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in r.stderr
+    doc = json.loads(res.read_text())
+    assert [c["config"] for c in doc["cells"]] == ["prefill_only", "shim"]
+    assert doc["gpu"] == "1xH200"
+    for c in doc["cells"]:
+        assert c["shared_gpu"] is True and c["ucx_cuda_ipc_get_zcopy"] == "y", c
 
 
 def test_main_job_on_one_gpu_runs_the_equivalence_and_skips_the_benchmark_saying_why(tmp_path):
