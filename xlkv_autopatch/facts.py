@@ -1,20 +1,17 @@
-"""What differs between vLLM releases, in one table, computed once per process.
+"""The behaviour facts of the installed vLLM release, computed once per process.
 
-The patch wrappers ask :func:`current` instead of comparing version numbers themselves;
-which *targets* exist in a release (module paths, owner classes, signatures) is declared
-with the patch groups in :mod:`xlkv_autopatch.patches`.  Pure Python: no vLLM import
-(the version comes from package metadata, see :mod:`xlkv_autopatch.versions`).
+The patch wrappers ask :func:`current` instead of comparing version numbers themselves.  The
+facts are the columns of the release's row in :mod:`xlkv_autopatch.releases` (which also
+derives the patch groups' targets); this module names them for the wrappers and caches them.
+Pure Python: no vLLM import (the version comes from package metadata, see
+:mod:`xlkv_autopatch.versions`).
 """
 
 import threading
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from . import versions
-
-#: Attention backends whose cross-layer layout upstream vLLM supports.
-BACKENDS_0_16 = ("FLASH_ATTN", "FLASHINFER")
-BACKENDS_0_20 = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+from . import releases, versions
 
 
 @dataclass(frozen=True)
@@ -40,16 +37,18 @@ class ReleaseFacts:
 
 
 def facts_for(release):
-    """The facts for a (major, minor, micro) tuple or a version string."""
+    """The facts for a (major, minor, micro) tuple or a version string: the columns of its row
+    in the release table (releases older than the table get its first row, newer ones its last)."""
     rel = versions.release_tuple(release) if not isinstance(release, tuple) else (tuple(release) + (0, 0, 0))[:3]
+    row = releases.row_for(rel)
     return ReleaseFacts(
         release=rel,
-        has_compat_hash=rel >= (0, 13, 0),
-        budget_block_count=rel >= (0, 18, 0),
-        kv_cache_layouts=rel >= (0, 29, 0),
-        fa_heads_outermost=rel < (0, 23, 0) or (0, 26, 0) <= rel < (0, 29, 0),
-        cross_layer_backends=BACKENDS_0_20 if rel >= (0, 20, 0) else BACKENDS_0_16,
-        failed_recv_looks_up_engine=rel < (0, 22, 0),
+        has_compat_hash=row.hs_hash,
+        budget_block_count=row.budget,
+        kv_cache_layouts=row.mechanism == "layout",
+        fa_heads_outermost=row.fa_heads,
+        cross_layer_backends=releases.BACKENDS[row.backends],
+        failed_recv_looks_up_engine=row.recv_lookup,
     )
 
 

@@ -22,21 +22,17 @@ from typing import List, Optional
 
 import wrapt
 
-from . import facts, versions
+from . import facts, releases, versions
 from .errors import XlkvError, XlkvGuardError, XlkvUnsupportedVersion
 from .logs import logger
-from .specs import PatchGroup, PatchSpec  # noqa: F401  (re-exported: the declarations live in specs.py)
-
-#: vLLM releases the shipped patches cover (each group narrows this further).
-SUPPORTED_VLLM = ">=0.12,<0.34"
-
-FIX = "unset ENABLE_XLKV to run stock vLLM, or install a vLLM release in %s" % SUPPORTED_VLLM
+from .specs import PatchSpec
 
 
-def fix(supported=SUPPORTED_VLLM):
-    """:data:`FIX`, or, when XLKV_VLLM_VERSION names another release than the installed one,
+def fix(supported=None):
+    """The way out of a refusal: "install a vLLM release in <supported>" (default: the release
+    table's range), or, when XLKV_VLLM_VERSION names another release than the installed one,
     the override, both versions and "unset it" (:func:`versions.fix`)."""
-    return versions.fix(supported)
+    return versions.fix(supported or releases.supported_range())
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -179,14 +175,21 @@ class _State:
 
 class Registry:
     """``groups_provider``: a callable returning the PatchGroups (``patches.all_groups``);
-    given here or to :meth:`install`, so this module never imports the patches."""
+    given here or to :meth:`install`, so this module never imports the patches.  ``supported``:
+    a PEP 440 range, None for the release table's."""
 
-    def __init__(self, groups_provider=None, supported=SUPPORTED_VLLM, version_provider=versions.vllm_version):
+    def __init__(self, groups_provider=None, supported=None, version_provider=versions.vllm_version):
         self._groups_provider = groups_provider
-        self.supported = supported
+        self._supported = supported
         self._version_provider = version_provider
         self._lock = threading.RLock()
         self.state = _State()
+
+    @property
+    def supported(self):
+        """The vLLM releases this registry accepts: the one given, else the release table's
+        range (:func:`releases.supported_range`, read at every call)."""
+        return self._supported or releases.supported_range()
 
     # -- selection -------------------------------------------------------------
     def groups(self):

@@ -4,10 +4,11 @@ import pytest
 
 from xlkv_autopatch import facts as F
 from xlkv_autopatch import layout as L
+from xlkv_autopatch.releases import BACKENDS
 
 
 def decide(**kw):
-    base = dict(backend="FLASH_ATTN", kv_layout="HND", allowed_backends=F.BACKENDS_0_20)
+    base = dict(backend="FLASH_ATTN", kv_layout="HND", allowed_backends=BACKENDS["fa+fi+triton"])
     base.update(kw)
     return L.cross_layer_decision(**base)
 
@@ -22,7 +23,7 @@ def test_cross_layer_decision_accepts_the_supported_case():
     (dict(has_mamba=True), "Mamba"),
     (dict(num_kv_groups=2), "2 KV cache groups"),
     (dict(backend="CPU_ATTN"), "CPU_ATTN is not in"),
-    (dict(backend="TRITON_ATTN", allowed_backends=F.BACKENDS_0_16), "TRITON_ATTN is not in"),
+    (dict(backend="TRITON_ATTN", allowed_backends=BACKENDS["fa+fi"]), "TRITON_ATTN is not in"),
     (dict(kv_layout="NHD"), "NHD"),
     (dict(host_buffer=True), "host-buffer"),
     (dict(explicit_opt_in="False"), "enable_cross_layers_blocks=False"),

@@ -8,6 +8,7 @@ import pytest
 
 from xlkv_autopatch import registry as R
 from xlkv_autopatch.errors import XlkvGuardError, XlkvUnsupportedVersion
+from xlkv_autopatch.specs import PatchGroup, PatchSpec
 
 MOD = "fakevllm_xlkv_test.connector"
 
@@ -80,16 +81,16 @@ def register_wrapper(wrapped, instance, args, kwargs):
 
 def specs(owner="Alias"):
     return (
-        R.PatchSpec("layout", MOD, owner, "get_required_kvcache_layout", "classmethod", layout_wrapper,
+        PatchSpec("layout", MOD, owner, "get_required_kvcache_layout", "classmethod", layout_wrapper,
                     params=("cls", "vllm_config")),
-        R.PatchSpec("prefer", MOD, owner, "prefer_cross_layer_blocks", "property", prefer_wrapper),
-        R.PatchSpec("register", MOD, owner, "register_kv_caches", "method", register_wrapper,
+        PatchSpec("prefer", MOD, owner, "prefer_cross_layer_blocks", "property", prefer_wrapper),
+        PatchSpec("register", MOD, owner, "register_kv_caches", "method", register_wrapper,
                     params=("self", "kv_caches")),
     )
 
 
 def group(patches=None, **kw):
-    return R.PatchGroup("fake", MOD, ">=0.25,<0.34", specs() if patches is None else patches, **kw)
+    return PatchGroup("fake", MOD, ">=0.25,<0.34", specs() if patches is None else patches, **kw)
 
 
 def test_wrapper_lands_on_defining_class_and_siblings_see_it(tree):
@@ -140,7 +141,7 @@ def test_uninstall_restores_vars_exactly(tree):
 
 
 def test_attribute_override_on_named_class_is_deleted_on_uninstall(tree):
-    spec = R.PatchSpec("flag", MOD, "Pull", "prefer_flag", "attribute",
+    spec = PatchSpec("flag", MOD, "Pull", "prefer_flag", "attribute",
                        lambda original, instance, owner: owner.__name__ == "Pull" or original,
                        on_named_class=True)
     reg = make_registry([group((spec,))])
@@ -153,7 +154,7 @@ def test_attribute_override_on_named_class_is_deleted_on_uninstall(tree):
 
 
 def test_module_function(tree):
-    spec = R.PatchSpec("helper", MOD, None, "helper", "function",
+    spec = PatchSpec("helper", MOD, None, "helper", "function",
                        lambda w, i, a, k: ("xl", w(*a, **k)), params=("a", "b"))
     reg = make_registry([group((spec,))])
     reg.apply_group(group((spec,)))
@@ -185,10 +186,10 @@ def test_guard_rejects_changed_kind(tree):
 
 
 def test_missing_attribute_and_class(tree):
-    bad = (R.PatchSpec("nope", MOD, "Alias", "no_such_attr", "method", register_wrapper),)
+    bad = (PatchSpec("nope", MOD, "Alias", "no_such_attr", "method", register_wrapper),)
     with pytest.raises(XlkvGuardError, match="does not exist"):
         make_registry([group(bad)]).apply_group(group(bad))
-    bad = (R.PatchSpec("nope", MOD, "NoSuchClass", "x", "method", register_wrapper),)
+    bad = (PatchSpec("nope", MOD, "NoSuchClass", "x", "method", register_wrapper),)
     with pytest.raises(XlkvGuardError, match="has no class NoSuchClass"):
         make_registry([group(bad)]).apply_group(group(bad))
 
@@ -196,7 +197,7 @@ def test_missing_attribute_and_class(tree):
 def test_failure_midway_reverts_applied_patches(tree):
     before = snapshot(tree.Base)
 
-    class Exploding(R.PatchSpec):
+    class Exploding(PatchSpec):
         pass
 
     good = specs()[:2]
@@ -210,7 +211,7 @@ def test_failure_midway_reverts_applied_patches(tree):
             return "frozen"
 
     tree.Frozen = Frozen
-    frozen = R.PatchSpec("frozen", MOD, "Frozen", "register_kv_caches", "method", register_wrapper)
+    frozen = PatchSpec("frozen", MOD, "Frozen", "register_kv_caches", "method", register_wrapper)
     with pytest.raises(XlkvGuardError, match="could not apply patch set fake"):
         make_registry([group(good + (frozen,))]).apply_group(group(good + (frozen,)))
     assert snapshot(tree.Base) == before
@@ -280,7 +281,7 @@ def test_version_override(monkeypatch):
 
 def test_unknown_kind_rejected():
     with pytest.raises(ValueError):
-        R.PatchSpec("x", MOD, "A", "b", "slot", register_wrapper)
+        PatchSpec("x", MOD, "A", "b", "slot", register_wrapper)
 
 
 def test_factory_guard_refuses_a_nixl_connector_the_patches_did_not_reach(tree, monkeypatch):
@@ -292,7 +293,7 @@ def test_factory_guard_refuses_a_nixl_connector_the_patches_did_not_reach(tree, 
     class NixlConnector(tree.Pull):  # what vLLM's factory would create
         pass
 
-    waiting = R.PatchGroup("waits-for-a-missing-module", "fakevllm_xlkv_test.gone", ">=0.25,<0.34", specs())
+    waiting = PatchGroup("waits-for-a-missing-module", "fakevllm_xlkv_test.gone", ">=0.25,<0.34", specs())
     reg = make_registry([group(), waiting])
     reg.state.version = "0.25.1"
     monkeypatch.setenv("XLKV_VLLM_VERSION", "0.25.1")
@@ -327,7 +328,7 @@ def test_refusals_name_the_override_both_versions_and_unsetting_it(tree, monkeyp
     refusal said "install a vLLM release in >=0.12,<0.34" and never mentioned the override."""
     installed_vllm("0.33.0")
     monkeypatch.setenv("XLKV_VLLM_VERSION", "0.21.0")
-    bad = (R.PatchSpec("nope", MOD, "Alias", "no_such_attr", "method", register_wrapper),)
+    bad = (PatchSpec("nope", MOD, "Alias", "no_such_attr", "method", register_wrapper),)
     reg = make_registry([group(bad)], version="0.21.0")
     reg.state.version = "0.21.0"
     with pytest.raises(XlkvGuardError) as e:

@@ -1,10 +1,11 @@
-"""Pins of what the patch groups and the release facts are, before they are derived from one
-release table.
+"""The release table (xlkv_autopatch/releases.py) is the one place that says what differs between vLLM
+releases; the patch groups, the supported range and the behaviour facts are derived from it.
 
-PINNED_GROUPS is what ``all_groups()`` declares in 0.3.5 (hand-written PatchSpec calls): every group's
-name, range, trigger and order, and every target, kind, wrapper and parameter list.  PINNED_FACTS is
-what ``facts.facts_for`` answers for releases inside, below and above the supported range (dev builds and
-release candidates included).  A refactor that derives them must keep both exactly."""
+PINNED_GROUPS is what ``all_groups()`` declared in 0.3.5, before it was derived from the table
+(hand-written PatchSpec calls): every group's name, range, trigger and order, and every target, kind,
+wrapper and parameter list.  PINNED_FACTS is what ``facts.facts_for`` answered then, from version
+thresholds, for releases inside, below and above the supported range (dev builds and release
+candidates included).  The derivation keeps both exactly."""
 
 from xlkv_autopatch import facts
 from xlkv_autopatch.patches import all_groups

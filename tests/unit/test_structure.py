@@ -1,66 +1,44 @@
-"""The package's shape: the patch table in patches/__init__.py is what all_groups() declares,
-every patch file documents why/how/versions/removal, and no module imports another in a circle."""
+"""The package's shape: the docs' patch catalogue is the one derived from the release table, every
+patch file documents why/how/versions/removal, no module imports another in a circle, and no module
+imports one of a higher floor."""
 
 import ast
 import os
 import re
 
 import xlkv_autopatch
-from xlkv_autopatch import patches
+from xlkv_autopatch import catalogue
 from xlkv_autopatch.patches import all_groups
 
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 
 
-def _table_rows():
-    """[(file, attribute name, releases)] from the docstring table."""
-    doc = patches.__doc__
-    body = doc.split("=====\n", 2)[2].split("\n=====", 1)[0]  # between the header rule and the closing rule
-    rows, current = [], None
-    for line in body.splitlines():
-        if not line.strip() or line.startswith("="):
-            continue
-        file_col, rest = line[:27].strip(), line[27:]
-        current = file_col or current
-        attrs, releases = rest[:53].strip(), rest[53:].strip()
-        for attr in [a.strip() for a in attrs.split(",") if a.strip()]:
-            name = re.sub(r"\s*\(.*\)$", "", attr).split(".")[-1]
-            rows.append((current, name, releases))
-    return rows
+def test_docs_catalogue_is_the_rendered_one():
+    """docs/mechanism.md's patch catalogue is what catalogue.render() derives from the release table."""
+    text = open(catalogue.DOC).read()
+    assert catalogue.rendered_in(text) == catalogue.render(), (
+        "docs/mechanism.md's patch catalogue is stale: python -m xlkv_autopatch.catalogue --write")
 
 
-def _minor(spec, lower):
-    m = re.search(r"%s0\.(\d+)" % (">=" if lower else "<"), spec)
-    return int(m.group(1)) if m else None
-
-
-def _declared():
-    """{(file, attribute): "0.A-0.B" or "all"} from all_groups()."""
-    spans = {}
-    for g in all_groups():
-        for spec in g.patches:
-            key = (spec.name.split(".")[0], spec.attr)
-            if g.always:
-                spans[key] = "all"
-                continue
-            lo, hi = _minor(g.vllm, True), _minor(g.vllm, False) - 1
-            old = spans.get(key)
-            spans[key] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
-    return {k: v if v == "all" else "0.%d-0.%d" % v for k, v in spans.items()}
-
-
-def test_patch_table_matches_all_groups():
-    table = {(f, a): r for f, a, r in _table_rows()}
-    assert table == {**_declared(), **patches.INSTANCE_PATCHES}
-
-
-def test_every_patch_file_is_in_the_table_and_documented():
+def test_every_patch_file_is_in_the_catalogue_and_documented():
     files = {f[:-3] for f in os.listdir(os.path.join(PKG, "patches")) if f.endswith(".py") and not f.startswith("_")}
-    assert files == {f for f, _, _ in _table_rows()}
+    assert files == {f for f, _, _, _ in catalogue.entries()}
     for name in files:
         doc = ast.get_docstring(ast.parse(open(os.path.join(PKG, "patches", name + ".py")).read()))
         for heading in ("Why", "How", "vLLM versions", "Removal"):
             assert re.search(r"^%s$" % heading, doc, re.M), (name, heading)
+
+
+def test_group_names_are_unique_and_each_range_lies_in_the_supported_one():
+    from xlkv_autopatch import releases, versions
+
+    groups = all_groups()
+    assert len({g.name for g in groups}) == len(groups)
+    for g in groups:
+        if not g.always:
+            lo, hi = re.fullmatch(r">=(\d+\.\d+),<(\d+\.\d+)", g.vllm).groups()
+            assert versions.in_range(lo + ".0", releases.supported_range()), g.name
+            assert versions.parse(hi) <= versions.parse(releases.supported_range().split("<")[1]), g.name
 
 
 def _imports():
@@ -122,3 +100,42 @@ def test_the_circle_finder_sees_a_planted_circle():
     assert "xlkv_autopatch.registry" in graph["xlkv_autopatch.patches.kv_connector_factory"]
     graph["xlkv_autopatch.registry"] = graph["xlkv_autopatch.registry"] | {"xlkv_autopatch.patches"}
     assert any(c[0] == c[-1] and "xlkv_autopatch.registry" in c for c in _cycles(graph))
+
+
+#: import floors, lowest first: a module imports only modules of its own floor or lower ones.
+#: base: standard library and packaging only (what the flag-off path and the release table need);
+#: machinery: wrapt hooks; patches: the vLLM glue; front: entry points and reports.
+FLOORS = (
+    ("base", {"_version", "errors", "flag", "logs", "layout", "specs", "versions", "releases", "facts", "_pth"}),
+    ("machinery", {"registry"}),
+    ("patches", {"patches"}),
+    ("front", {"", "__main__", "_startup", "plugin", "report", "catalogue"}),
+)
+
+
+def _floor(module):
+    rel = module[len("xlkv_autopatch"):].lstrip(".")
+    top = rel.split(".")[0]
+    for i, (_, names) in enumerate(FLOORS):
+        if top in names:
+            return i
+    raise AssertionError("%s has no floor in test_structure.FLOORS: add it" % module)
+
+
+def _upward(graph):
+    return sorted((a, b) for a, deps in graph.items() for b in deps if _floor(b) > _floor(a))
+
+
+def test_every_module_has_a_floor_and_no_floor_imports_a_higher_one():
+    graph = _imports()
+    for mod in graph:
+        _floor(mod)
+    assert _upward(graph) == []
+
+
+def test_the_floor_check_sees_a_planted_upward_import():
+    graph = _imports()
+    graph["xlkv_autopatch.releases"] = graph["xlkv_autopatch.releases"] | {"xlkv_autopatch.registry"}
+    graph["xlkv_autopatch.registry"] = graph["xlkv_autopatch.registry"] | {"xlkv_autopatch.patches"}
+    assert _upward(graph) == [("xlkv_autopatch.registry", "xlkv_autopatch.patches"),
+                              ("xlkv_autopatch.releases", "xlkv_autopatch.registry")]

@@ -1,49 +1,33 @@
 """The patch sets, one file per vLLM concept they change (see each module's docstring).
 
-=========================  ==================================================  ==========
-file                       vLLM attribute                                       releases
-=========================  ==================================================  ==========
-cross_layer_preference     NixlConnector.prefer_cross_layer_blocks              0.12-0.28
-cross_layer_registration   NixlConnector.register_cross_layers_kv_cache         0.12-0.15
-model_runner               VllmConfig.use_v2_model_runner                       0.22-0.28
-kv_cache_layout            NixlConnector.get_required_kvcache_layout            0.29-0.33
-compat_hash                compute_nixl_compatibility_hash (worker module)      0.16-0.33
-handshake                  NixlConnectorWorker._nixl_handshake,                 0.13-0.33
-                           NixlConnectorWorker.add_remote_agent,                0.12-0.33
-                           NixlConnectorWorker.get_finished                     0.12-0.23
-block_count                NixlConnectorWorker.register_kv_caches               0.12-0.33
-multi_connector            MultiConnector.prefer_cross_layer_blocks,            0.12-0.28
-                           MultiConnector.register_cross_layers_kv_cache        0.12-0.13
-kv_connector_factory       KVConnectorFactory.create_connector                  all
-transfer_order             nixl_wrapper.make_prepped_xfer (per worker)          0.12-0.33
-=========================  ==================================================  ==========
+:func:`all_groups` derives every :class:`~xlkv_autopatch.specs.PatchGroup` from the release
+table (:mod:`xlkv_autopatch.releases`): consecutive releases whose targets agree form one
+group.  The registry keeps those whose range contains the installed vLLM (and the ``always``
+guard); a group is applied all-or-nothing when its trigger module is imported.  What differs
+between releases *inside* a wrapper (hash or not, which layouts keep heads outermost) is in
+:mod:`xlkv_autopatch.facts`, from the same table.  The catalogue of every target and its
+releases is rendered into docs/mechanism.md by :mod:`xlkv_autopatch.catalogue`.
 
 ``transfer_order`` wraps no class attribute: block_count's registration wrapper attaches
 it to the NIXL agent object of each worker that registered a cross-layer layout
 (:data:`INSTANCE_PATCHES`).
-
-(tests/unit/test_structure.py checks this table against :func:`all_groups` and :data:`INSTANCE_PATCHES`.)
-
-:func:`all_groups` returns every :class:`~xlkv_autopatch.specs.PatchGroup`; the
-registry keeps those whose range contains the installed vLLM (and the ``always`` guard).
-A group is applied all-or-nothing when its trigger module is imported.  What differs
-between releases *inside* a wrapper (hash or not, which layouts keep heads outermost)
-is in :mod:`xlkv_autopatch.facts`; which targets exist where is declared here.
 """
 
 import os
 
-from ..flag import flag_on, truthy
+from .. import releases
 from ..errors import XlkvError
+from ..flag import flag_on, truthy
 from ..specs import PatchGroup, PatchSpec
 from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
                kv_cache_layout, kv_connector_factory, model_runner, multi_connector)
-from ._glue import BW, C, CFG, FACTORY, MC, N, PKG, W
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
 #: patches attached to objects at run time rather than declared as PatchSpecs:
-#: (file, attribute) -> releases (the releases of the group that attaches them)
-INSTANCE_PATCHES = {("transfer_order", "make_prepped_xfer"): "0.12-0.33"}
+#: (file, attribute, what it wraps) -> the PatchSpec name whose wrapper attaches them (so their
+#: releases are that spec's)
+INSTANCE_PATCHES = {("transfer_order", "make_prepped_xfer", "nixl_wrapper.make_prepped_xfer (per worker)"):
+                    "block_count.register_kv_caches"}
 
 
 def kvcached_flags():
@@ -64,101 +48,114 @@ def refuse_kvcached():
             % ("/".join(on), on[0]))
 
 
-def _worker_specs(module, worker_cls, register=True, handshake_hash=True, failed_recv=False):
-    """add_remote_agent, _nixl_handshake (releases with a compatibility hash), register_kv_caches,
-    get_finished (releases whose failure path looks up a refused engine: facts.py)."""
-    specs = [
-        PatchSpec("handshake.validate", module, worker_cls, "add_remote_agent", "method",
-                  handshake.validate_wrapper, params=ADD_REMOTE_AGENT_PARAMS),
-    ]
-    if failed_recv:
-        specs.append(PatchSpec("handshake.failed_recv", module, worker_cls, "get_finished", "method",
-                               handshake.finished_wrapper, params=("self",)))
-    if handshake_hash:
-        specs.append(PatchSpec("handshake.explain_mismatch", module, worker_cls, "_nixl_handshake", "method",
-                               handshake.handshake_wrapper, params=("self", "host", "port", "remote_tp_size", "...")))
-    if register:
-        specs.append(PatchSpec("block_count.register_kv_caches", module, worker_cls, "register_kv_caches", "method",
-                               block_count.register_wrapper, params=("self", "kv_caches")))
-    return specs
-
-
-def _hash_spec(module, params):
-    wrapper = compat_hash.layout_hash_wrapper if "cross_layers_blocks" not in params else compat_hash.flag_hash_wrapper
-    return PatchSpec("compat_hash.tag", module, None, "compute_nixl_compatibility_hash", "function", wrapper,
-                     params=params)
-
-
 #: 0.33 appends remote_dcp_size; the wrapper binds only the first three after self
 ADD_REMOTE_AGENT_PARAMS = ("self", "nixl_agent_meta", "remote_tp_rank", "remote_tp_size", "...")
-HASH_0_16 = ("vllm_config", "attn_backend_name", "cross_layers_blocks")
-HASH_0_28 = HASH_0_16 + ("transfer_mode",)
-HASH_0_29 = ("vllm_config", "attn_backend_name", "transfer_mode")
+HANDSHAKE_PARAMS = ("self", "host", "port", "remote_tp_size", "...")
 LAYOUT_PARAMS = ("cls", "vllm_config")
 XL_REGISTER_PARAMS = ("self", "kv_cache", "attn_backend")
 
 
-def _backport_group(name, rng, prefer, handshake_hash=True):
-    return PatchGroup(name, N, rng, tuple([
-        prefer,
-        PatchSpec("cross_layer_registration.redirect", N, "NixlConnector", "register_cross_layers_kv_cache",
-                  "method", cross_layer_registration.redirect_wrapper, params=XL_REGISTER_PARAMS,
-                  on_named_class=True),
-    ] + _worker_specs(N, "NixlConnectorWorker", handshake_hash=handshake_hash, failed_recv=True)),
-        precheck=refuse_kvcached)
+def _worker_specs(row):
+    """add_remote_agent, get_finished (where the worker has the one the shim wraps: the failure path
+    of facts.py), _nixl_handshake (releases that compare a compatibility hash), register_kv_caches."""
+    home = row.home
+    on_worker = dict(module=home.worker, owner=home.worker_class, kind="method")
+    specs = [PatchSpec(name="handshake.validate", attr="add_remote_agent", wrapper=handshake.validate_wrapper,
+                       params=ADD_REMOTE_AGENT_PARAMS, **on_worker)]
+    if row.finished:
+        specs.append(PatchSpec(name="handshake.failed_recv", attr="get_finished", wrapper=handshake.finished_wrapper,
+                               params=("self",), **on_worker))
+    if row.hs_hash:
+        specs.append(PatchSpec(name="handshake.explain_mismatch", attr="_nixl_handshake",
+                               wrapper=handshake.handshake_wrapper, params=HANDSHAKE_PARAMS, **on_worker))
+    specs.append(PatchSpec(name="block_count.register_kv_caches", attr="register_kv_caches",
+                           wrapper=block_count.register_wrapper, params=("self", "kv_caches"), **on_worker))
+    return specs
 
 
-#: 0.12-0.13: the base class's ClassVar[bool], overridden on NixlConnector
-PREFER_CLASSVAR = PatchSpec("cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks",
-                            "attribute", cross_layer_preference.backport_attribute, on_named_class=True)
+def _hash_specs(row):
+    """compute_nixl_compatibility_hash where the release has it as a module function; one wrapper per
+    signature (a ``cross_layers_blocks`` flag, 0.16-0.28, or the engine's KV layout, 0.29+)."""
+    if row.hash is None:
+        return []
+    params = releases.HASH_PARAMS[row.hash]
+    wrapper = compat_hash.flag_hash_wrapper if "cross_layers_blocks" in params else compat_hash.layout_hash_wrapper
+    return [PatchSpec(name="compat_hash.tag", module=row.home.worker, owner=None,
+                      attr="compute_nixl_compatibility_hash", kind="function", wrapper=wrapper, params=params)]
 
 
-def _native_prefer(module, owner):
-    return PatchSpec("cross_layer_preference.native", module, owner, "prefer_cross_layer_blocks", "property",
-                     cross_layer_preference.native_wrapper)
+def _connector_specs(row):
+    """What each mechanism patches on NixlConnector."""
+    on_connector = dict(module=row.home.connector, owner="NixlConnector")
+    if row.mechanism == "layout":
+        return [PatchSpec(name="kv_cache_layout.block_outermost", attr="get_required_kvcache_layout",
+                          kind="classmethod", wrapper=kv_cache_layout.layout_wrapper, params=LAYOUT_PARAMS,
+                          **on_connector)]
+    if row.mechanism == "native":
+        return [PatchSpec(name="cross_layer_preference.native", attr="prefer_cross_layer_blocks", kind="property",
+                          wrapper=cross_layer_preference.native_wrapper, **on_connector)]
+    if row.prefer == "classvar":  # the base class's ClassVar[bool], overridden on NixlConnector
+        prefer = dict(kind="attribute", wrapper=cross_layer_preference.backport_attribute)
+    else:  # the base class's property, overridden on NixlConnector
+        prefer = dict(kind="property", wrapper=cross_layer_preference.backport_property_wrapper)
+    return [PatchSpec(name="cross_layer_preference.backport", attr="prefer_cross_layer_blocks", on_named_class=True,
+                      **prefer, **on_connector),
+            PatchSpec(name="cross_layer_registration.redirect", attr="register_cross_layers_kv_cache", kind="method",
+                      wrapper=cross_layer_registration.redirect_wrapper, params=XL_REGISTER_PARAMS,
+                      on_named_class=True, **on_connector)]
+
+
+def _nixl_key(row):
+    """Rows with equal keys have the same NIXL targets (one group)."""
+    return (row.mechanism, row.nixl, row.prefer, row.hash, row.hs_hash, row.finished)
+
+
+def _nixl_group(rows):
+    row = rows[0]
+    return PatchGroup(name="%s-%s" % (row.mechanism, row.release), trigger=row.home.trigger,
+                      vllm=releases.span(rows[0], rows[-1]),
+                      patches=tuple(_connector_specs(row) + _hash_specs(row) + _worker_specs(row)),
+                      precheck=refuse_kvcached)
+
+
+def _runner_group(rows):
+    return PatchGroup(name="runner-v1", trigger=releases.VLLM_CONFIG, vllm=releases.span(rows[0], rows[-1]), nixl=False,
+                      patches=(PatchSpec(name="model_runner.force_v1", module=releases.VLLM_CONFIG, owner="VllmConfig",
+                                         attr="use_v2_model_runner", kind="property",
+                                         wrapper=model_runner.runner_wrapper),))
+
+
+def _multi_group(rows):
+    on_multi = dict(module=releases.MULTI_CONNECTOR, owner="MultiConnector")
+    if rows[0].multi == "backport":  # no cross-layer support upstream: the AND of the children, passed on
+        patches = (PatchSpec(name="multi_connector.backport", attr="prefer_cross_layer_blocks", kind="attribute",
+                             wrapper=multi_connector.backport_attribute, on_named_class=True, **on_multi),
+                   PatchSpec(name="multi_connector.register", attr="register_cross_layers_kv_cache", kind="method",
+                             wrapper=multi_connector.register_wrapper, params=XL_REGISTER_PARAMS,
+                             on_named_class=True, **on_multi))
+    else:  # "warn": upstream's AND of the children, explained
+        patches = (PatchSpec(name="multi_connector.warn", attr="prefer_cross_layer_blocks", kind="property",
+                             wrapper=multi_connector.property_wrapper, **on_multi),)
+    return PatchGroup(name="multi-%s" % rows[0].release, trigger=releases.MULTI_CONNECTOR,
+                      vllm=releases.span(rows[0], rows[-1]), patches=patches, nixl=False)
+
+
+#: registered whatever the vLLM release, supported or not (its range is informational)
+GUARD = PatchGroup(name="guard", trigger=releases.CONNECTOR_FACTORY, vllm=">=0", nixl=False, always=True,
+                   patches=(PatchSpec(name="kv_connector_factory.guard", module=releases.CONNECTOR_FACTORY,
+                                      owner="KVConnectorFactory", attr="create_connector", kind="classmethod",
+                                      wrapper=kv_connector_factory.factory_wrapper),))
 
 
 def all_groups():
-    return [
-        _backport_group("backport-0.12", ">=0.12,<0.13", PREFER_CLASSVAR, handshake_hash=False),  # no hash yet
-        _backport_group("backport-0.13", ">=0.13,<0.14", PREFER_CLASSVAR),
-        _backport_group("backport-0.14", ">=0.14,<0.16", PatchSpec(
-            "cross_layer_preference.backport", N, "NixlConnector", "prefer_cross_layer_blocks", "property",
-            cross_layer_preference.backport_property_wrapper, on_named_class=True)),
-        PatchGroup("native-0.16", N, ">=0.16,<0.20", tuple(
-            [_native_prefer(N, "NixlConnector"), _hash_spec(N, HASH_0_16)]
-            + _worker_specs(N, "NixlConnectorWorker", failed_recv=True)),
-            precheck=refuse_kvcached),
-        PatchGroup("native-0.20", PKG, ">=0.20,<0.24", tuple(
-            [_native_prefer(C, "NixlConnector"), _hash_spec(W, HASH_0_16)]
-            + _worker_specs(W, "NixlConnectorWorker", failed_recv=True)),
-            precheck=refuse_kvcached),
-        PatchGroup("native-0.24", PKG, ">=0.24,<0.28", tuple(
-            [_native_prefer(C, "NixlConnector"), _hash_spec(BW, HASH_0_16)]
-            + _worker_specs(BW, "NixlBaseConnectorWorker")),
-            precheck=refuse_kvcached),
-        PatchGroup("native-0.28", PKG, ">=0.28,<0.29", tuple(
-            [_native_prefer(C, "NixlConnector"), _hash_spec(BW, HASH_0_28)]
-            + _worker_specs(BW, "NixlBaseConnectorWorker")),
-            precheck=refuse_kvcached),
-        PatchGroup("runner-v1", CFG, ">=0.22,<0.29", (
-            PatchSpec("model_runner.force_v1", CFG, "VllmConfig", "use_v2_model_runner", "property",
-                      model_runner.runner_wrapper),), nixl=False),
-        PatchGroup("multi-0.12", MC, ">=0.12,<0.14", (
-            PatchSpec("multi_connector.backport", MC, "MultiConnector", "prefer_cross_layer_blocks", "attribute",
-                      multi_connector.backport_attribute, on_named_class=True),
-            PatchSpec("multi_connector.register", MC, "MultiConnector", "register_cross_layers_kv_cache", "method",
-                      multi_connector.register_wrapper, params=XL_REGISTER_PARAMS, on_named_class=True)),
-            nixl=False),
-        PatchGroup("multi-0.14", MC, ">=0.14,<0.29", (
-            PatchSpec("multi_connector.warn", MC, "MultiConnector", "prefer_cross_layer_blocks", "property",
-                      multi_connector.property_wrapper),), nixl=False),
-        PatchGroup("layout-0.29", PKG, ">=0.29,<0.34", tuple(
-            [PatchSpec("kv_cache_layout.block_outermost", C, "NixlConnector", "get_required_kvcache_layout",
-                       "classmethod", kv_cache_layout.layout_wrapper, params=LAYOUT_PARAMS),
-             _hash_spec(BW, HASH_0_29)] + _worker_specs(BW, "NixlBaseConnectorWorker")),
-            precheck=refuse_kvcached),
-        PatchGroup("guard", FACTORY, ">=0", (
-            PatchSpec("kv_connector_factory.guard", FACTORY, "KVConnectorFactory", "create_connector", "classmethod",
-                      kv_connector_factory.factory_wrapper),), nixl=False, always=True),
-    ]
+    """Every patch group, derived from the release table now (a changed table changes them).
+
+    The order is the order the hooks are registered in: the cross-layer-block releases' NIXL
+    groups, the runner and MultiConnector groups, the KV-cache-layout releases' NIXL groups, the
+    guard."""
+    nixl = releases.runs(_nixl_key)
+    return ([_nixl_group(rows) for rows in nixl if rows[0].mechanism != "layout"]
+            + [_runner_group(rows) for rows in releases.runs(lambda r: r.runner_v1 or None)]
+            + [_multi_group(rows) for rows in releases.runs(lambda r: r.multi)]
+            + [_nixl_group(rows) for rows in nixl if rows[0].mechanism == "layout"]
+            + [GUARD])

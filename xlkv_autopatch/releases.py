@@ -1,0 +1,218 @@
+"""What differs between vLLM releases, as data: one row per supported vLLM minor release.
+
+Everything release-dependent is derived from :data:`RELEASES` (read at call time, never copied):
+
+* the supported range (:func:`supported_range`): the shim refuses other releases with the flag
+  on, and ``python -m xlkv_autopatch status`` prints it;
+* the patch groups (:func:`xlkv_autopatch.patches.all_groups`): consecutive rows whose patch
+  targets agree form one group, named after its mechanism and first release;
+* the behaviour facts the wrappers ask (:func:`xlkv_autopatch.facts.facts_for`);
+* the patch catalogue in docs/mechanism.md (:mod:`xlkv_autopatch.catalogue`).
+
+A new vLLM release whose NIXL code matches the last row is one more row (copy the last line
+and change its release); a release that moved or changed a target needs the column that says
+so.  Standard library only: no packaging, no wrapt, no vLLM.
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
+MULTI_CONNECTOR = V1 + ".multi_connector"
+VLLM_CONFIG = "vllm.config.vllm"
+CONNECTOR_FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
+
+
+@dataclass(frozen=True)
+class NixlHome:
+    """Where a release keeps its NIXL connector code."""
+
+    trigger: str  # the module whose import applies the release's NIXL patch set
+    connector: str  # module of NixlConnector
+    worker: str  # module of the worker class and of compute_nixl_compatibility_hash
+    worker_class: str
+
+
+#: column ``nixl`` of the table
+HOMES = {
+    "module": NixlHome(V1 + ".nixl_connector", V1 + ".nixl_connector", V1 + ".nixl_connector",
+                       "NixlConnectorWorker"),  # one module
+    "package": NixlHome(V1 + ".nixl", V1 + ".nixl.connector", V1 + ".nixl.worker", "NixlConnectorWorker"),
+    "base": NixlHome(V1 + ".nixl", V1 + ".nixl.connector", V1 + ".nixl.base_worker", "NixlBaseConnectorWorker"),
+}
+
+#: column ``hash``: the parameters of compute_nixl_compatibility_hash where it is a module function
+HASH_PARAMS = {
+    "flag": ("vllm_config", "attn_backend_name", "cross_layers_blocks"),
+    "flag+mode": ("vllm_config", "attn_backend_name", "cross_layers_blocks", "transfer_mode"),
+    "mode": ("vllm_config", "attn_backend_name", "transfer_mode"),
+}
+
+#: column ``backends``: attention backends whose cross-layer layout upstream vLLM supports
+BACKENDS = {
+    "fa+fi": ("FLASH_ATTN", "FLASHINFER"),
+    "fa+fi+triton": ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"),
+}
+
+#: values of the other non-boolean columns
+MECHANISMS = ("backport", "native", "layout")
+PREFERS = ("classvar", "base-property", "property")
+MULTIS = ("backport", "warn")
+
+# Columns (yes/no booleans; "-" is none):
+#   mechanism  how every block becomes one region: backport (the shim supplies vLLM's later
+#              cross-layer blocks), native (vLLM's own opt-in, turned on), layout (vLLM's KV-cache
+#              layouts: block-outermost BLNHC)
+#   nixl       where the NIXL code lives: a key of HOMES
+#   prefer     NixlConnector.prefer_cross_layer_blocks: classvar (the base class's ClassVar[bool]),
+#              base-property (the base class's property), property (NIXL's own), - (no such API)
+#   hash       compute_nixl_compatibility_hash's parameters (HASH_PARAMS); - where there is no such
+#              function (0.12: no hash; 0.13-0.15: computed inside the worker's __init__)
+#   hs_hash    the worker's _nixl_handshake compares a compatibility hash
+#   finished   the worker has the get_finished the shim wraps (failed receives, see recv_lookup)
+#   runner_v1  Model Runner V2 is the default there and ignores cross-layer blocks: force V1
+#   multi      MultiConnector: backport (no cross-layer support upstream), warn (the AND of its
+#              children's preferences), - (0.29+: vLLM asks each child for its layout)
+#   budget     the worker registers kv_cache_config.num_blocks and asserts the tensors hold that
+#   fa_heads   a FlashAttention cross-layer block keeps heads outermost (heterogeneous-TP slicing
+#              stays correct; 0.23-0.25 and the 0.29+ layouts are blocks-first)
+#   backends   backends upstream's cross-layer guard accepts (BACKENDS)
+#   recv_lookup  get_finished post-processes a failed receive and looks up the refused engine
+#              (a KeyError that ends the worker)
+TABLE = """
+release  mechanism  nixl     prefer         hash       hs_hash  finished  runner_v1  multi     budget  fa_heads  backends      recv_lookup
+0.12     backport   module   classvar       -          no       yes       no         backport  no      yes       fa+fi         yes
+0.13     backport   module   classvar       -          yes      yes       no         backport  no      yes       fa+fi         yes
+0.14     backport   module   base-property  -          yes      yes       no         warn      no      yes       fa+fi         yes
+0.15     backport   module   base-property  -          yes      yes       no         warn      no      yes       fa+fi         yes
+0.16     native     module   property       flag       yes      yes       no         warn      no      yes       fa+fi         yes
+0.17     native     module   property       flag       yes      yes       no         warn      no      yes       fa+fi         yes
+0.18     native     module   property       flag       yes      yes       no         warn      yes     yes       fa+fi         yes
+0.19     native     module   property       flag       yes      yes       no         warn      yes     yes       fa+fi         yes
+0.20     native     package  property       flag       yes      yes       no         warn      yes     yes       fa+fi+triton  yes
+0.21     native     package  property       flag       yes      yes       no         warn      yes     yes       fa+fi+triton  yes
+0.22     native     package  property       flag       yes      yes       yes        warn      yes     yes       fa+fi+triton  no
+0.23     native     package  property       flag       yes      yes       yes        warn      yes     no        fa+fi+triton  no
+0.24     native     base     property       flag       yes      no        yes        warn      yes     no        fa+fi+triton  no
+0.25     native     base     property       flag       yes      no        yes        warn      yes     no        fa+fi+triton  no
+0.26     native     base     property       flag       yes      no        yes        warn      yes     yes       fa+fi+triton  no
+0.27     native     base     property       flag       yes      no        yes        warn      yes     yes       fa+fi+triton  no
+0.28     native     base     property       flag+mode  yes      no        yes        warn      yes     yes       fa+fi+triton  no
+0.29     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
+0.30     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
+0.31     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
+0.32     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
+0.33     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
+"""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One row of :data:`TABLE` (see the column notes above it)."""
+
+    release: str
+    mechanism: str
+    nixl: str
+    prefer: Optional[str]
+    hash: Optional[str]
+    hs_hash: bool
+    finished: bool
+    runner_v1: bool
+    multi: Optional[str]
+    budget: bool
+    fa_heads: bool
+    backends: str
+    recv_lookup: bool
+
+    def __post_init__(self):
+        allowed = {"mechanism": MECHANISMS, "nixl": tuple(HOMES), "prefer": PREFERS + (None,),
+                   "hash": tuple(HASH_PARAMS) + (None,), "multi": MULTIS + (None,), "backends": tuple(BACKENDS)}
+        for name, values in allowed.items():
+            if getattr(self, name) not in values:
+                raise ValueError("release %s: %s=%r is not one of %s" % (self.release, name, getattr(self, name), values))
+        minor(self.release)
+
+    @property
+    def home(self):
+        return HOMES[self.nixl]
+
+
+def _parse(table):
+    lines = [line.split() for line in table.strip().splitlines()]
+    header, rows = lines[0], lines[1:]
+    if tuple(header) != tuple(Release.__dataclass_fields__):
+        raise ValueError("release table columns %s are not Release's fields" % (header,))
+    out = []
+    for cells in rows:
+        if len(cells) != len(header):
+            raise ValueError("release table row %s: %d cells for %d columns" % (cells, len(cells), len(header)))
+        values = {}
+        for name, cell in zip(header, cells):
+            kind = Release.__dataclass_fields__[name].type
+            if kind is bool or kind == "bool":
+                if cell not in ("yes", "no"):
+                    raise ValueError("release table row %s: %s=%r is not yes/no" % (cells[0], name, cell))
+                values[name] = cell == "yes"
+            else:
+                values[name] = None if cell == "-" else cell
+        out.append(Release(**values))
+    return tuple(out)
+
+
+def minor(release):
+    """(major, minor) of "0.12" (a table row's release)."""
+    major, _, rest = release.partition(".")
+    if not (major.isdigit() and rest.isdigit()):
+        raise ValueError("%r is not a MAJOR.MINOR release" % (release,))
+    return int(major), int(rest)
+
+
+def _next(release):
+    major, m = minor(release)
+    return "%d.%d" % (major, m + 1)
+
+
+def span(first, last):
+    """The PEP 440 range of rows ``first`` to ``last`` (Release rows or release strings)."""
+    first = getattr(first, "release", first)
+    last = getattr(last, "release", last)
+    return ">=%s,<%s" % (first, _next(last))
+
+
+def supported_range():
+    """The vLLM releases the shim supports: the table's first row to its last."""
+    return span(RELEASES[0], RELEASES[-1])
+
+
+def runs(key):
+    """[[rows]]: maximal runs of consecutive rows with the same ``key(row)``, rows whose key is
+    None (or False) left out."""
+    out, prev = [], None
+    for row in RELEASES:
+        k = key(row)
+        if k is None or k is False:
+            prev = None
+            continue
+        if out and prev is not None and k == prev:
+            out[-1].append(row)
+        else:
+            out.append([row])
+        prev = k
+    return out
+
+
+def row_for(release):
+    """The row of a (major, minor, ...) tuple: the last row not after it, or the first row for
+    a release older than the table (its facts are the oldest known; whether it is supported is
+    :func:`supported_range`'s business)."""
+    key = tuple(release[:2])
+    rows = RELEASES
+    found = rows[0]
+    for row in rows:
+        if minor(row.release) <= key:
+            found = row
+    return found
+
+
+#: the supported vLLM minor releases, oldest first, consecutive
+RELEASES = _parse(TABLE)
