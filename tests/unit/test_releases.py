@@ -7,7 +7,15 @@ wrapper and parameter list.  PINNED_FACTS is what ``facts.facts_for`` answered t
 thresholds, for releases inside, below and above the supported range (dev builds and release
 candidates included).  The derivation keeps both exactly."""
 
-from xlkv_autopatch import facts
+import ast
+import os
+import re
+from dataclasses import replace
+
+import pytest
+
+from xlkv_autopatch import catalogue, facts, releases
+from xlkv_autopatch.errors import XlkvUnsupportedVersion
 from xlkv_autopatch.patches import all_groups
 
 KC = "vllm.distributed.kv_transfer.kv_connector"
@@ -193,3 +201,102 @@ def test_supported_range_is_the_pinned_one():
     from xlkv_autopatch import registry
 
     assert registry.REGISTRY.supported == ">=0.12,<0.34"
+
+
+# ---------------------------------------------------------------------- open ranges in docstrings
+
+
+def _docstrings():
+    """(where, text) of every module, class and function docstring of the package."""
+    pkg = os.path.dirname(os.path.abspath(releases.__file__))
+    for folder, _, names in os.walk(pkg):
+        for fname in sorted(names):
+            if not fname.endswith(".py"):
+                continue
+            path = os.path.join(folder, fname)
+            tree = ast.parse(open(path).read())
+            for node in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))]:
+                doc = ast.get_docstring(node)
+                if doc:
+                    yield "%s:%s" % (os.path.relpath(path, pkg), getattr(node, "name", "module")), doc
+
+
+def closed_at(release, text):
+    """Ranges in ``text`` that end at ``release`` ("0.12-0.33", "0.29–0.33", "up to 0.33", "through 0.33")."""
+    return re.findall(r"(?:\d+\.\d+\s*[-–]\s*|(?:up to|through|until) )%s(?![\d.]*\d)" % re.escape(release), text)
+
+
+def test_docstrings_use_open_ranges_for_the_last_supported_release():
+    """A docstring saying "0.29-0.33" goes stale silently when 0.34 is added; "0.29+" does not."""
+    last = releases.RELEASES[-1].release
+    bad = [(where, closed_at(last, doc)) for where, doc in _docstrings() if closed_at(last, doc)]
+    assert bad == [], "write these ranges open (%s+), the release table says where they end: %s" % (
+        bad[0][1][0].split(last)[0].rstrip(" -–") if bad else "", bad)
+
+
+def test_the_open_range_check_sees_a_closed_range():
+    assert closed_at("0.33", "vLLM versions\n    0.29-0.33.") == ["0.29-0.33"]
+    assert closed_at("0.33", "0.12–0.33 and up to 0.33") == ["0.12–0.33", "up to 0.33"]
+    assert closed_at("0.33", "0.29+; 0.33 appends remote_dcp_size; 0.12-0.333; 0.33.0rc1") == []
+
+
+# ---------------------------------------------------------------------- a new release is one row
+
+
+@pytest.fixture
+def with_0_34(monkeypatch):
+    """The release table with one more row, a 0.34 whose code is 0.33's: the only edit."""
+    monkeypatch.setattr(releases, "RELEASES", releases.RELEASES + (replace(releases.RELEASES[-1], release="0.34"),))
+    facts.reset()
+    yield
+    facts.reset()
+
+
+def _targets(groups):
+    return [(g.name, g.trigger, [(s.name, s.target, s.kind, s.wrapper, s.params) for s in g.patches]) for g in groups]
+
+
+def test_a_row_for_0_34_is_all_it_takes(with_0_34, monkeypatch, tmp_path, capsys):
+    from xlkv_autopatch import __main__ as cli, registry
+
+    # the supported range grows, for the refusal and for status
+    assert releases.supported_range() == ">=0.12,<0.35" == registry.REGISTRY.supported
+    reg = registry.Registry(all_groups)
+    reg.check_version("0.34.0")
+    reg.check_version("0.34.1")
+    with pytest.raises(XlkvUnsupportedVersion, match=r"vLLM 0.35.0 is not supported \(supported: >=0.12,<0.35\)"):
+        reg.check_version("0.35.0")
+    # the same patch groups as 0.33 (one range now reaching 0.34), the same behaviour facts
+    assert _targets(reg.groups_for("0.34.0")) == _targets(reg.groups_for("0.33.0"))
+    assert [g.vllm for g in reg.groups_for("0.34.0")] == [">=0.29,<0.35", ">=0"]
+    assert replace(facts.facts_for("0.34.0"), release=None) == replace(facts.facts_for("0.33.0"), release=None)
+    # everything else, 0.12-0.33, stays as pinned but for that one range
+    assert render(all_groups()) == [line.replace("layout-0.29 >=0.29,<0.34", "layout-0.29 >=0.29,<0.35")
+                                    for line in PINNED_GROUPS]
+    # status, on a stand-in vLLM 0.34.0 (package metadata only)
+    meta = tmp_path / "vllm-0.34.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("XLKV_VLLM_VERSION", "XLKV_COALESCE", "XLKV_STRICT", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
+                 "VLLM_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ENABLE_XLKV", "true")
+    rc = cli.main(["status", "--no-resolve"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "vLLM: 0.34.0  [supported: >=0.12,<0.35]" in text, text
+    assert "patch set layout-0.29 (vLLM >=0.29,<0.35, on import of %s.nixl):" % releases.V1 in text
+    # the docs' catalogue
+    table = catalogue.render()
+    assert "| `kv_cache_layout` | `get_required_kvcache_layout` | 0.29–0.34 |" in table
+    assert "| `handshake` | `add_remote_agent` | 0.12–0.34 |" in table
+    assert "`v1.nixl.base_worker` 0.24–0.34" in table and "0.33" not in table
+    # no docstring names 0.33 as the end of a range, so none needs an edit
+    assert [where for where, doc in _docstrings() if closed_at("0.33", doc)] == []
+
+
+def test_without_the_row_0_34_is_refused():
+    from xlkv_autopatch import registry
+
+    with pytest.raises(XlkvUnsupportedVersion, match="vLLM 0.34.0 is not supported"):
+        registry.Registry(all_groups).check_version("0.34.0")

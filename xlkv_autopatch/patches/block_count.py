@@ -29,7 +29,7 @@ How
     logs the regions and descriptors per block once, and a cross-layer worker's NIXL
     transfers get their descriptor order (transfer_order.py).
 vLLM versions
-    0.12-0.33 (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
+    0.12+ (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
 Removal
     When vLLM derives the registered block count from the tensors.
 """

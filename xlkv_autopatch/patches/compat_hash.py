@@ -18,7 +18,7 @@ How
     on but the stock layout kept (MLA, fallback), the stock hash is published: the
     layouts agree and stock peers interoperate.
 vLLM versions
-    0.16-0.33 through this wrapper (0.16-0.19 ``nixl_connector``, 0.20-0.23
+    0.16+ through this wrapper (0.16-0.19 ``nixl_connector``, 0.20-0.23
     ``nixl.worker``, 0.24+ ``nixl.base_worker``); 0.13-0.15 compute the hash in the worker's
     ``__init__`` and are tagged by cross_layer_registration.py; 0.12 has no hash
     (handshake.py compares region counts instead).

@@ -27,7 +27,7 @@ How
     themselves.  Release differences (hash or not, which layouts keep heads outermost,
     the failure path) come from facts.py.
 vLLM versions
-    ``_nixl_handshake`` 0.13-0.33; ``add_remote_agent`` 0.12-0.33 (owner:
+    ``_nixl_handshake`` 0.13+; ``add_remote_agent`` 0.12+ (owner:
     NixlConnectorWorker up to 0.23, NixlBaseConnectorWorker from 0.24); ``get_finished``
     0.12-0.23 (acting on 0.12-0.21).
 Removal

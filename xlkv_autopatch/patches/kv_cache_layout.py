@@ -23,7 +23,7 @@ How
     such a block-outermost layout) keep the stock layout with one WARNING (XLKV_STRICT=1: an
     error).
 vLLM versions
-    0.29-0.33.
+    0.29+.
 Removal
     When NixlConnector itself prefers a block-outermost layout.
 """

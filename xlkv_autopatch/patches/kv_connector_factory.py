@@ -22,7 +22,7 @@ How
     fallbacks (the stock layout kept with a WARNING) are not affected: the patches are
     in place there and made that decision.
 vLLM versions
-    All (0.12-0.33 supported; for others it repeats the refusal).  The factory's
+    All (the supported ones, releases.py's range; for others it repeats the refusal).  The factory's
     ``create_connector(cls, config, role, kv_cache_config)`` exists in every one of them;
     the wrapper reads only the returned object.
 Removal

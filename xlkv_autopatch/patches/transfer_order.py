@@ -20,7 +20,7 @@ How
     a call with ``skip_desc_merge=True``, and ``XLKV_COALESCE=false`` are left as vLLM makes
     them.
 vLLM versions
-    0.12-0.33 (every release where the shim lays out cross-layer blocks).
+    0.12+ (every release where the shim lays out cross-layer blocks).
 Removal
     When vLLM (or NIXL) orders a transfer's descriptors itself before merging.
 """
