@@ -33,6 +33,6 @@ def uninstall():
 
 def status(resolve=True):
     """A dict describing the installed vLLM, the flag, the activation paths and the patches."""
-    from . import report
+    from . import status_report
 
-    return report.collect(resolve=resolve)
+    return status_report.collect(resolve=resolve)

@@ -15,16 +15,16 @@ def main(argv=None):
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--no-resolve", action="store_true", help="do not import vLLM to resolve patch targets")
     args = parser.parse_args(argv)
-    from . import report
+    from . import status_report
 
     # vLLM logs to stdout; keep stdout for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
-        info = report.collect(resolve=not args.no_resolve)
+        info = status_report.collect(resolve=not args.no_resolve)
     if args.json:
         json.dump(info, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print(report.render(info))
+        print(status_report.render(info))
     return 0 if info["ok"] else 1
 
 

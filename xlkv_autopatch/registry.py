@@ -82,7 +82,8 @@ class Record:
     wrapper: object
 
 
-def _describe(obj):
+def describe(obj):
+    """"module" for a module, "module.QualName" for a class: where a wrapper sits."""
     if inspect.ismodule(obj):
         return obj.__name__
     return "%s.%s" % (getattr(obj, "__module__", "?"), getattr(obj, "__qualname__", getattr(obj, "__name__", "?")))
@@ -299,7 +300,7 @@ class Registry:
             if applied:
                 logger.info(
                     "xlkv_autopatch: patched %s (vllm %s, patch set %s, source=%s, pid=%d)",
-                    ", ".join("%s.%s" % (_describe(r.holder), r.spec.attr) for r in applied),
+                    ", ".join("%s.%s" % (describe(r.holder), r.spec.attr) for r in applied),
                     st.version,
                     group.name,
                     "+".join(st.sources),
@@ -355,7 +356,7 @@ class Registry:
         if current is not rec.wrapper:
             logger.warning(
                 "xlkv_autopatch: %s.%s was changed by someone else; leaving it alone",
-                _describe(rec.holder),
+                describe(rec.holder),
                 rec.spec.attr,
             )
             return
@@ -404,7 +405,7 @@ class Registry:
         return out
 
     def applied(self):
-        return [(r.spec.name, _describe(r.holder), r.spec.attr) for r in self.state.records]
+        return [(r.spec.name, describe(r.holder), r.spec.attr) for r in self.state.records]
 
 
 REGISTRY = Registry()

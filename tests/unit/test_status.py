@@ -167,14 +167,14 @@ def test_a_patch_set_waiting_for_a_module_vllm_never_imports_is_predicted(tmp_pa
 def test_a_stale_start_up_hook_or_metadata_is_noted(status, monkeypatch, tmp_path):
     """An editable install copies the .pth once: after an upgrade of the checkout it is the old hook
     (e.g. without the once-per-process guard).  A NOTE, not a failure: it still works."""
-    from xlkv_autopatch import _pth, report
+    from xlkv_autopatch import _pth, status_report
 
     old = tmp_path / "xlkv_autopatch.pth"
     old.write_text(_pth.render().replace(" and not getattr(sys, '%s', False)" % _pth.MARK, ""))
     fresh = tmp_path / "fresh" / "xlkv_autopatch.pth"
     fresh.parent.mkdir()
     fresh.write_text(_pth.render())
-    monkeypatch.setattr(report, "pth_files", lambda: [str(old), str(fresh)])
+    monkeypatch.setattr(status_report, "pth_files", lambda: [str(old), str(fresh)])
     rc, text = status("0.33.0")
     notes = [l for l in text.splitlines() if l.startswith("NOTE: ")]
     assert [n for n in notes if str(old) in n and "reinstall" in n] and not [n for n in notes if str(fresh) in n]

@@ -109,7 +109,7 @@ FLOORS = (
     ("base", {"_version", "errors", "flag", "logs", "layout", "specs", "versions", "releases", "facts", "_pth"}),
     ("machinery", {"registry"}),
     ("patches", {"patches"}),
-    ("front", {"", "__main__", "_startup", "plugin", "report", "catalogue"}),
+    ("front", {"", "__main__", "_startup", "plugin", "status_report", "catalogue"}),
 )
 
 

@@ -1,4 +1,7 @@
-"""``python -m xlkv_autopatch status``: what an operator runs first on a new box."""
+"""``python -m xlkv_autopatch status`` and ``xlkv_autopatch.status()``: what an operator runs first on a new box.
+
+:func:`collect` gathers the facts (a dict, also ``--json``), :func:`render` prints them.  (Not named
+``status.py``: that submodule would replace the package's ``status()`` function once imported.)"""
 
 import importlib
 import importlib.util
@@ -262,7 +265,7 @@ def _resolve_group(group, entry, registry, error_type):
     for p, spec in zip(entry["patches"], group.patches):
         try:
             r = registry.resolve(spec)
-            p["owner"] = registry._describe(r.holder)
+            p["owner"] = registry.describe(r.holder)
             p["ok"] = True
             if r.already:
                 p["note"] = "already patched in this process"
