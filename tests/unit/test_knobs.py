@@ -9,7 +9,7 @@ import pytest
 import xlkv_autopatch
 from xlkv_autopatch import _startup, flag
 from xlkv_autopatch.errors import XlkvFlagError
-from xlkv_autopatch.patches import _glue, transfer_order
+from xlkv_autopatch.patches import _fallback, transfer_order
 
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 NAMES = [k.name for k in flag.KNOBS]
@@ -48,11 +48,11 @@ def test_strict_and_coalesce_go_through_the_knob_parser(monkeypatch):
     """Issue 20: XLKV_STRICT=ture was silently off (lenient truthy)."""
     monkeypatch.setenv("XLKV_STRICT", "ture")
     with pytest.raises(XlkvFlagError, match="XLKV_STRICT='ture'"):
-        _glue.strict()
+        _fallback.strict()
     monkeypatch.setenv("XLKV_STRICT", "yes")
-    assert _glue.strict() is True
+    assert _fallback.strict() is True
     monkeypatch.delenv("XLKV_STRICT")
-    assert _glue.strict() is False
+    assert _fallback.strict() is False
     with pytest.raises(XlkvFlagError, match="XLKV_COALESCE='garbage'"):
         transfer_order.enabled({"XLKV_COALESCE": "garbage"})
     assert transfer_order.enabled({}) is True

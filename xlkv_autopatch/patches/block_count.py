@@ -40,7 +40,7 @@ from .. import facts, layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once
 from . import _state, transfer_order
-from ._glue import bind
+from ._args import bind
 
 
 def _regions(value):

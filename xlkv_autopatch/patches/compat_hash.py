@@ -29,7 +29,7 @@ Removal
 from .. import layout
 from ..logs import info_once
 from . import _state
-from ._glue import bind
+from ._args import bind
 
 
 def _publish(stock, cross_layer, native=None):

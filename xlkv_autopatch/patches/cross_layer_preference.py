@@ -31,7 +31,8 @@ import sys
 from .. import facts, layout
 from ..logs import info_once
 from . import _state
-from ._glue import fallback, spec_names
+from ._config import spec_names
+from ._fallback import fallback
 
 OPT_IN = "enable_cross_layers_blocks"
 

@@ -26,7 +26,8 @@ from .. import layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once
 from . import _state
-from ._glue import bind, spec_names
+from ._args import bind
+from ._config import spec_names
 
 
 def _num_layers(connector, worker):

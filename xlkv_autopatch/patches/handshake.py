@@ -41,7 +41,8 @@ from .. import facts, layout
 from ..errors import XlkvMismatchError
 from ..logs import logger
 from . import _state
-from ._glue import NIXL_CONNECTORS, bind
+from ._args import bind
+from ._config import NIXL_CONNECTORS
 
 #: this side runs the shim (the handshake wrappers exist only with ENABLE_XLKV on), so its stock
 #: layout is always a fallback with a cause

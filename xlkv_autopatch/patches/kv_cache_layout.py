@@ -33,7 +33,8 @@ import os
 from .. import layout
 from ..logs import info_once
 from . import _state
-from ._glue import bind, fallback
+from ._args import bind
+from ._fallback import fallback
 
 
 def _exclusion(vllm_config):

@@ -31,7 +31,7 @@ Removal
 
 from .. import registry, versions
 from ..errors import XlkvNotAttachedError, XlkvUnsupportedVersion
-from ._glue import NIXL_CONNECTORS
+from ._config import NIXL_CONNECTORS
 
 
 def _is_nixl(connector):

@@ -26,7 +26,8 @@ Removal
 import os
 
 from ..logs import info_once
-from ._glue import fallback, uses_nixl
+from ._config import uses_nixl
+from ._fallback import fallback
 
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
 

@@ -24,7 +24,8 @@ Removal
     With 0.28 support (0.29+ decide the layout per child class).
 """
 
-from ._glue import NIXL_CONNECTORS, fallback
+from ._config import NIXL_CONNECTORS
+from ._fallback import fallback
 
 
 def _children(connector):

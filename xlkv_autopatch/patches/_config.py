@@ -1,0 +1,34 @@
+"""Reading vLLM configuration objects (duck-typed, tolerant of None): does an engine run a NIXL
+connector, which layers and KV-cache groups does it have.  Decides nothing (the rules are in
+:mod:`..layout`)."""
+
+NIXL_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector")
+
+
+def uses_nixl(kv_transfer_config):
+    """Does this KV-transfer config run a NixlConnector (directly or in a MultiConnector)?"""
+    if kv_transfer_config is None:
+        return False
+    name = getattr(kv_transfer_config, "kv_connector", None)
+    if name in NIXL_CONNECTORS:
+        return True
+    if name == "MultiConnector":
+        extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+        for child in extra.get("connectors", []) or []:
+            if isinstance(child, dict) and child.get("kv_connector") in NIXL_CONNECTORS:
+                return True
+    return False
+
+
+def spec_names(kv_cache_config):
+    """(layer names, has_mamba, number of groups) from a KVCacheConfig, tolerant of None."""
+    if kv_cache_config is None:
+        return [], False, None
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", []) or [])
+    names = []
+    mamba = False
+    for g in groups:
+        names.extend(getattr(g, "layer_names", []) or [])
+        if "Mamba" in type(getattr(g, "kv_cache_spec", None)).__name__:
+            mamba = True
+    return names, mamba, len(groups)
