@@ -1,9 +1,11 @@
-"""The patch catalogue: every vLLM attribute the shim wraps, in which releases, and where.
+"""The tables docs/mechanism.md shows about releases, rendered from the release table.
 
-Derived from :func:`xlkv_autopatch.patches.all_groups` (itself derived from the release table,
-:mod:`xlkv_autopatch.releases`), never written by hand: docs/mechanism.md carries its rendering
-between :data:`START` and :data:`END`; ``python -m xlkv_autopatch.catalogue --write`` rewrites
-it and tests/unit/test_structure.py fails on a stale one.
+:func:`render_mechanisms`: which mechanism applies to which releases (and which are refused);
+:func:`render`: the patch catalogue, every vLLM attribute the shim wraps, in which releases and
+where, from :func:`xlkv_autopatch.patches.all_groups` (itself derived from
+:mod:`xlkv_autopatch.releases`).  Never written by hand: docs/mechanism.md carries them between
+the markers of :data:`BLOCKS`; ``python -m xlkv_autopatch.catalogue --write`` rewrites them and
+tests/unit/test_structure.py fails on a stale one.
 """
 
 import os
@@ -13,6 +15,25 @@ from . import patches, releases, versions
 
 START = "<!-- patch catalogue: python -m xlkv_autopatch.catalogue --write renders it from the release table -->"
 END = "<!-- end of the patch catalogue -->"
+MECH_START = "<!-- mechanisms: python -m xlkv_autopatch.catalogue --write renders it from the release table -->"
+MECH_END = "<!-- end of the mechanisms -->"
+
+#: (mechanism, runner_v1) of a run of release-table rows -> (name, what the shim changes there)
+MECHANISM_TEXT = {
+    ("backport", False): (
+        "backport", "`NixlConnector.prefer_cross_layer_blocks` (upstream guards: FLASH_ATTN/FLASHINFER, HND, one KV "
+        "group, no MLA/Mamba) and `register_cross_layers_kv_cache` (a no-op upstream) redirected to the worker's "
+        "`register_kv_caches` with a zero-copy view of the cross-layer tensor"),
+    ("native", False): (
+        "native opt-in", "`prefer_cross_layer_blocks` evaluated as if `enable_cross_layers_blocks` were set "
+        "(upstream's own guards, no config edit)"),
+    ("native", True): (
+        "native opt-in + V1 runner", "as above, plus `VllmConfig.use_v2_model_runner` → V1 for NIXL engines "
+        "(Model Runner V2 silently ignores cross-layer blocks)"),
+    ("layout", False): (
+        "KV-cache layout", "`NixlConnector.get_required_kvcache_layout` → `BLNHC` (block outermost: one whole-row "
+        "region per block); an explicit `VLLM_KV_CACHE_LAYOUT` wins"),
+}
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "mechanism.md")
 _PREFIX = "vllm.distributed.kv_transfer.kv_connector."
 
@@ -68,21 +89,41 @@ def render():
     return "\n".join(lines)
 
 
-def rendered_in(text):
-    """The catalogue between the markers of ``text`` (docs/mechanism.md), or None."""
-    if START not in text or END not in text:
+def render_mechanisms():
+    """Which mechanism applies to which releases: runs of rows with the same (mechanism, runner_v1),
+    after a first line for the releases the shim refuses."""
+    rows = releases.RELEASES
+    major, first = releases.minor(rows[0].release)
+    lines = ["| vLLM | mechanism | what the shim changes |", "|---|---|---|",
+             "| %d.%d.x and older, %s+ | — | refuses to start with `ENABLE_XLKV` set (unsupported release) |"
+             % (major, first - 1, releases.span(rows[-1], rows[-1]).split("<")[1])]
+    for run in releases.runs(lambda r: (r.mechanism, r.runner_v1)):
+        name, what = MECHANISM_TEXT[(run[0].mechanism, run[0].runner_v1)]
+        rels = run[0].release if len(run) == 1 else "%s–%s" % (run[0].release, run[-1].release)
+        lines.append("| %s | %s | %s |" % (rels, name, what))
+    return "\n".join(lines)
+
+
+#: (start marker, end marker, renderer) of each block in docs/mechanism.md
+BLOCKS = ((MECH_START, MECH_END, render_mechanisms), (START, END, render))
+
+
+def rendered_in(text, start=START, end=END):
+    """The block between the markers ``start`` and ``end`` of ``text`` (docs/mechanism.md), or None."""
+    if start not in text or end not in text:
         return None
-    return text.split(START, 1)[1].split(END, 1)[0].strip()
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
 
 
 def write(path=DOC):
     text = open(path).read()
-    if rendered_in(text) is None:
-        raise SystemExit("%s has no catalogue markers (%s ... %s)" % (path, START, END))
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
+    for start, end, renderer in BLOCKS:
+        if rendered_in(text, start, end) is None:
+            raise SystemExit("%s has no markers %s ... %s" % (path, start, end))
+        head, rest = text.split(start, 1)
+        text = "%s%s\n%s\n%s%s" % (head, start, renderer(), end, rest.split(end, 1)[1])
     with open(path, "w") as f:
-        f.write("%s%s\n%s\n%s%s" % (head, START, render(), END, tail))
+        f.write(text)
 
 
 def main(argv=None):
@@ -90,6 +131,8 @@ def main(argv=None):
     if argv == ["--write"]:
         write()
         return 0
+    print(render_mechanisms())
+    print()
     print(render())
     return 0
 

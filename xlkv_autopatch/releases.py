@@ -15,7 +15,7 @@ so.  Standard library only: no packaging, no wrapt, no vLLM.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 V1 = "vllm.distributed.kv_transfer.kv_connector.v1"
 MULTI_CONNECTOR = V1 + ".multi_connector"

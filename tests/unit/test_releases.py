@@ -291,6 +291,8 @@ def test_a_row_for_0_34_is_all_it_takes(with_0_34, monkeypatch, tmp_path, capsys
     assert "| `kv_cache_layout` | `get_required_kvcache_layout` | 0.29–0.34 |" in table
     assert "| `handshake` | `add_remote_agent` | 0.12–0.34 |" in table
     assert "`v1.nixl.base_worker` 0.24–0.34" in table and "0.33" not in table
+    mechanisms = catalogue.render_mechanisms()
+    assert "| 0.11.x and older, 0.35+ | — |" in mechanisms and "| 0.29–0.34 | KV-cache layout |" in mechanisms
     # no docstring names 0.33 as the end of a range, so none needs an edit
     assert [where for where, doc in _docstrings() if closed_at("0.33", doc)] == []
 
