@@ -80,29 +80,29 @@ MULTIS = ("backport", "warn")
 #   recv_lookup  get_finished post-processes a failed receive and looks up the refused engine
 #              (a KeyError that ends the worker)
 TABLE = """
-release  mechanism  nixl     prefer         hash       hs_hash  finished  runner_v1  multi     budget  fa_heads  backends      recv_lookup
-0.12     backport   module   classvar       -          no       yes       no         backport  no      yes       fa+fi         yes
-0.13     backport   module   classvar       -          yes      yes       no         backport  no      yes       fa+fi         yes
-0.14     backport   module   base-property  -          yes      yes       no         warn      no      yes       fa+fi         yes
-0.15     backport   module   base-property  -          yes      yes       no         warn      no      yes       fa+fi         yes
-0.16     native     module   property       flag       yes      yes       no         warn      no      yes       fa+fi         yes
-0.17     native     module   property       flag       yes      yes       no         warn      no      yes       fa+fi         yes
-0.18     native     module   property       flag       yes      yes       no         warn      yes     yes       fa+fi         yes
-0.19     native     module   property       flag       yes      yes       no         warn      yes     yes       fa+fi         yes
-0.20     native     package  property       flag       yes      yes       no         warn      yes     yes       fa+fi+triton  yes
-0.21     native     package  property       flag       yes      yes       no         warn      yes     yes       fa+fi+triton  yes
-0.22     native     package  property       flag       yes      yes       yes        warn      yes     yes       fa+fi+triton  no
-0.23     native     package  property       flag       yes      yes       yes        warn      yes     no        fa+fi+triton  no
-0.24     native     base     property       flag       yes      no        yes        warn      yes     no        fa+fi+triton  no
-0.25     native     base     property       flag       yes      no        yes        warn      yes     no        fa+fi+triton  no
-0.26     native     base     property       flag       yes      no        yes        warn      yes     yes       fa+fi+triton  no
-0.27     native     base     property       flag       yes      no        yes        warn      yes     yes       fa+fi+triton  no
-0.28     native     base     property       flag+mode  yes      no        yes        warn      yes     yes       fa+fi+triton  no
-0.29     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
-0.30     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
-0.31     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
-0.32     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
-0.33     layout     base     -              mode       yes      no        no         -         yes     no        fa+fi+triton  no
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no
 """
 
 
@@ -129,7 +129,8 @@ class Release:
                    "hash": tuple(HASH_PARAMS) + (None,), "multi": MULTIS + (None,), "backends": tuple(BACKENDS)}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
-                raise ValueError("release %s: %s=%r is not one of %s" % (self.release, name, getattr(self, name), values))
+                raise ValueError("release %s: %s=%r is not one of %s"
+                                 % (self.release, name, getattr(self, name), values))
         minor(self.release)
 
     @property
@@ -137,7 +138,9 @@ class Release:
         return HOMES[self.nixl]
 
 
-def _parse(table):
+def parse_table(table):
+    """Release rows from a text table like :data:`TABLE` (header: Release's fields; ValueError on an
+    unknown column or value)."""
     lines = [line.split() for line in table.strip().splitlines()]
     header, rows = lines[0], lines[1:]
     if tuple(header) != tuple(Release.__dataclass_fields__):
@@ -215,4 +218,4 @@ def row_for(release):
 
 
 #: the supported vLLM minor releases, oldest first, consecutive
-RELEASES = _parse(TABLE)
+RELEASES = parse_table(TABLE)

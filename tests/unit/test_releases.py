@@ -156,37 +156,38 @@ def test_derived_groups_are_the_hand_written_ones():
 
 B16 = ("FLASH_ATTN", "FLASHINFER")
 B20 = B16 + ("TRITON_ATTN",)
-PINNED_FACT_FIELDS = ('has_compat_hash', 'budget_block_count', 'kv_cache_layouts', 'fa_heads_outermost', 'cross_layer_backends', 'failed_recv_looks_up_engine')
+PINNED_FACT_FIELDS = ("has_compat_hash", "budget_block_count", "kv_cache_layouts", "fa_heads_outermost",
+                      "cross_layer_backends", "failed_recv_looks_up_engine")
 PINNED_FACTS = {
-    '0': (False, False, False, True, B16, True),
-    '0.11.2': (False, False, False, True, B16, True),
-    '0.12.0': (False, False, False, True, B16, True),
-    '0.13.0': (True, False, False, True, B16, True),
-    '0.14.1': (True, False, False, True, B16, True),
-    '0.15.1': (True, False, False, True, B16, True),
-    '0.16.0': (True, False, False, True, B16, True),
-    '0.17.1': (True, False, False, True, B16, True),
-    '0.18.0': (True, True, False, True, B16, True),
-    '0.19.1': (True, True, False, True, B16, True),
-    '0.20.0': (True, True, False, True, B20, True),
-    '0.21.0': (True, True, False, True, B20, True),
-    '0.22.0': (True, True, False, True, B20, False),
-    '0.22.0.dev5': (True, True, False, True, B20, True),
-    '0.23.0': (True, True, False, False, B20, False),
-    '0.24.0': (True, True, False, False, B20, False),
-    '0.24.0.dev5': (True, True, False, False, B20, False),
-    '0.25.1': (True, True, False, False, B20, False),
-    '0.26.0': (True, True, False, True, B20, False),
-    '0.27.1': (True, True, False, True, B20, False),
-    '0.28.0': (True, True, False, True, B20, False),
-    '0.29.0': (True, True, True, False, B20, False),
-    '0.30.0': (True, True, True, False, B20, False),
-    '0.31.0': (True, True, True, False, B20, False),
-    '0.32.0': (True, True, True, False, B20, False),
-    '0.33.0': (True, True, True, False, B20, False),
-    '0.33.0rc1': (True, True, True, False, B20, False),
-    '0.34.0': (True, True, True, False, B20, False),
-    '1.0.0': (True, True, True, False, B20, False),
+    "0": (False, False, False, True, B16, True),
+    "0.11.2": (False, False, False, True, B16, True),
+    "0.12.0": (False, False, False, True, B16, True),
+    "0.13.0": (True, False, False, True, B16, True),
+    "0.14.1": (True, False, False, True, B16, True),
+    "0.15.1": (True, False, False, True, B16, True),
+    "0.16.0": (True, False, False, True, B16, True),
+    "0.17.1": (True, False, False, True, B16, True),
+    "0.18.0": (True, True, False, True, B16, True),
+    "0.19.1": (True, True, False, True, B16, True),
+    "0.20.0": (True, True, False, True, B20, True),
+    "0.21.0": (True, True, False, True, B20, True),
+    "0.22.0": (True, True, False, True, B20, False),
+    "0.22.0.dev5": (True, True, False, True, B20, True),
+    "0.23.0": (True, True, False, False, B20, False),
+    "0.24.0": (True, True, False, False, B20, False),
+    "0.24.0.dev5": (True, True, False, False, B20, False),
+    "0.25.1": (True, True, False, False, B20, False),
+    "0.26.0": (True, True, False, True, B20, False),
+    "0.27.1": (True, True, False, True, B20, False),
+    "0.28.0": (True, True, False, True, B20, False),
+    "0.29.0": (True, True, True, False, B20, False),
+    "0.30.0": (True, True, True, False, B20, False),
+    "0.31.0": (True, True, True, False, B20, False),
+    "0.32.0": (True, True, True, False, B20, False),
+    "0.33.0": (True, True, True, False, B20, False),
+    "0.33.0rc1": (True, True, True, False, B20, False),
+    "0.34.0": (True, True, True, False, B20, False),
+    "1.0.0": (True, True, True, False, B20, False),
 }
 
 
@@ -230,8 +231,7 @@ def test_docstrings_use_open_ranges_for_the_last_supported_release():
     """A docstring saying "0.29-0.33" goes stale silently when 0.34 is added; "0.29+" does not."""
     last = releases.RELEASES[-1].release
     bad = [(where, closed_at(last, doc)) for where, doc in _docstrings() if closed_at(last, doc)]
-    assert bad == [], "write these ranges open (%s+), the release table says where they end: %s" % (
-        bad[0][1][0].split(last)[0].rstrip(" -–") if bad else "", bad)
+    assert bad == [], "write these ranges open (%s+: the release table says where they end): %s" % (last, bad)
 
 
 def test_the_open_range_check_sees_a_closed_range():
@@ -302,3 +302,18 @@ def test_without_the_row_0_34_is_refused():
 
     with pytest.raises(XlkvUnsupportedVersion, match="vLLM 0.34.0 is not supported"):
         registry.Registry(all_groups).check_version("0.34.0")
+
+
+def test_the_table_is_consecutive_minor_releases():
+    """span() and runs() read neighbouring rows as neighbouring releases."""
+    minors = [releases.minor(r.release) for r in releases.RELEASES]
+    assert minors == [(0, m) for m in range(minors[0][1], minors[0][1] + len(minors))]
+
+
+@pytest.mark.parametrize("cell, value", [("mechanism", "forked"), ("nixl", "elsewhere"), ("hs_hash", "maybe")])
+def test_a_row_with_an_unknown_value_is_refused(cell, value):
+    header, first = releases.TABLE.strip().splitlines()[:2]
+    cells = first.split()
+    cells[header.split().index(cell)] = value
+    with pytest.raises(ValueError, match=value):
+        releases.parse_table(header + "\n" + " ".join(cells))
