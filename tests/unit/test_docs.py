@@ -148,6 +148,12 @@ def _claim_problems(release, gpu_text, claims):
             need.update(tp_p=int(a), tp_d=int(b))
         for n in re.findall(r"(\d+)×H200", says):
             need["gpu"] = "%sxH200" % n
+        for n in re.findall(r"(\d+)×H100", says):   # the slug names the model: 1xH100-80GB-HBM3
+            if not str(fields.get("gpu", "")).startswith("%sxH100" % n):
+                bad.append("%s: the words need gpu=%sxH100* among the claim's fields" % (where, n))
+        for backend in re.findall(r"\b(TRITON_ATTN|FLASHINFER|FLASH_ATTN)\b", says):
+            if backend not in str(fields.get("serve_args", "")).split():
+                bad.append("%s: the words need --attention-backend %s in the claim's serve_args" % (where, backend))
         for n in re.findall(r"(\d+)-request fragmenting load", says):
             need["fragment_prompts"] = int(n)
         for k, v in need.items():
@@ -163,7 +169,7 @@ def _claim_problems(release, gpu_text, claims):
             bad.append("%s: the ratio %s is not checked" % (where, m.group(1)))
     # every result word of the column lies inside a claim's words
     spans = [(i, i + len(c["says"])) for c in claims for i in [gpu_text.find(c["says"])] if i >= 0]
-    for word in re.finditer(r"PASS|\d+×H200|\d+×\d+|TTFT|fragment\w*", gpu_text):
+    for word in re.finditer(r"PASS|\d+×H[12]00|\d+×\d+|TTFT|fragment\w*|TRITON_ATTN|FLASHINFER", gpu_text):
         if not any(a <= word.start() and word.end() <= b for a, b in spans):
             bad.append("%s: %r at %d is backed by no claim" % (release, word.group(), word.start()))
     return bad
