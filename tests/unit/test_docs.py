@@ -207,3 +207,14 @@ def test_upstream_tests_table_matches_the_result_files():
     start, end = readme.index(upstream.TABLE_START), readme.index(upstream.TABLE_END)
     assert readme[start + len(upstream.TABLE_START):end].strip() == upstream.table(), (
         "README's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
+
+
+def test_readme_states_the_supported_range_of_the_release_table():
+    """The README's opening names the range the shim enforces: both come from one table
+    (xlkv_autopatch/releases.py), so adding a row makes this test name the README line to edit."""
+    from xlkv_autopatch import releases
+    first, last = releases.RELEASES[0].release, releases.RELEASES[-1].release
+    head = "\n".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().splitlines()[:6])
+    want_words, want_range = "stock vLLM %s–%s" % (first, last), "`%s`" % releases.supported_range()
+    assert want_words in head and want_range in head, (
+        "README's opening should say %r and %r (xlkv_autopatch/releases.py)" % (want_words, want_range))
