@@ -107,14 +107,14 @@ cpu_only_checks() {
   local rc=0
   log "CPU check 1: python -m xlkv_autopatch status"
   (cd "$REPO_DIR" && PYTHONPATH="$REPO_DIR:$SITE" ENABLE_XLKV=true "$PY" -m xlkv_autopatch status) || rc=1
-  if [ -f "$REPO_DIR/tests/compat/pd_harness.py" ]; then
-    # The harness needs a Python whose vLLM runs on CPU (tests/compat/mkenv.sh makes one).
+  if [ -f "$REPO_DIR/experiments/cpu/pd_harness.py" ]; then
+    # The harness needs a Python whose vLLM runs on CPU (experiments/cpu/mkenv.sh makes one).
     local hpy=${XLKV_HARNESS_PYTHON:-$PY}
-    log "CPU check 2: tests/compat/pd_harness.py (python: $hpy)"
-    (cd "$REPO_DIR" && timeout "${HARNESS_TIMEOUT:-900}" "$hpy" tests/compat/pd_harness.py \
+    log "CPU check 2: experiments/cpu/pd_harness.py (python: $hpy)"
+    (cd "$REPO_DIR" && timeout "${HARNESS_TIMEOUT:-900}" "$hpy" experiments/cpu/pd_harness.py \
         --out "$WORK/pd_harness.json") || rc=1
   else
-    log "CPU check 2 skipped: tests/compat/pd_harness.py not found"
+    log "CPU check 2 skipped: experiments/cpu/pd_harness.py not found"
   fi
   return $rc
 }

@@ -6,8 +6,8 @@
 # On a machine without GPUs it says so and runs what can run here: `xlkv_autopatch status` and
 # real prefill->decode KV transfers through the installed vLLM's own NixlConnector code with
 # real NIXL on host memory, stock vs ENABLE_XLKV=true, every block compared byte for byte
-# (tests/compat/pd_harness.py).  The vLLM for that comes from XLKV_HARNESS_PYTHON (a Python
-# with vLLM + nixl) or is installed by tests/compat/mkenv.sh (XLKV_VLLM, default 0.21.0) under
+# (experiments/cpu/pd_harness.py).  The vLLM for that comes from XLKV_HARNESS_PYTHON (a Python
+# with vLLM + nixl) or is installed by experiments/cpu/mkenv.sh (XLKV_VLLM, default 0.21.0) under
 # XLKV_ENVS (default /work/envs; about 9 GB on a first run).  Results: XLKV_MAIN_OUT
 # (default /tmp/xlkv-main).
 #
@@ -39,7 +39,7 @@ no GPU on this machine: the GPU equivalence and TTFT benchmark (experiments/pd_e
 experiments/pd_bench.sh) cannot run here.  Running the CPU checks instead:
   1. python -m xlkv_autopatch status  (installed vLLM, flag, activation paths, patch targets)
   2. real P->D KV transfers through vLLM's NixlConnector + NIXL/UCX on host memory,
-     stock vs ENABLE_XLKV=true, byte-for-byte (tests/compat/pd_harness.py)
+     stock vs ENABLE_XLKV=true, byte-for-byte (experiments/cpu/pd_harness.py)
 Results and logs go to $OUTDIR (XLKV_MAIN_OUT).
 MSG
 if [ -n "${XLKV_HARNESS_PYTHON:-}" ]; then
@@ -47,7 +47,7 @@ if [ -n "${XLKV_HARNESS_PYTHON:-}" ]; then
 else
   cat <<MSG
 vLLM: ${XLKV_VLLM:-0.21.0} (XLKV_VLLM), from the environments folder ${XLKV_ENVS:-/work/envs} (XLKV_ENVS).
-  If it is not there yet, tests/compat/mkenv.sh installs it now: vLLM, the CUDA torch it pins
+  If it is not there yet, experiments/cpu/mkenv.sh installs it now: vLLM, the CUDA torch it pins
   and NIXL from PyPI, about 9 GB of disk and about 5 minutes on a new machine; later runs reuse
   it.  XLKV_HARNESS_PYTHON=/path/to/python uses a Python that already has vLLM + nixl instead.
 MSG
@@ -63,8 +63,8 @@ MSG
 PY=${XLKV_HARNESS_PYTHON:-}
 if [ -z "$PY" ]; then
   VER=${XLKV_VLLM:-0.21.0}
-  echo "installing or reusing vLLM $VER + nixl for the CPU checks (tests/compat/mkenv.sh)"
-  PY=$(bash tests/compat/mkenv.sh "$VER" | tail -n 1) || { echo "ERROR: could not install vLLM $VER" >&2; exit 2; }
+  echo "installing or reusing vLLM $VER + nixl for the CPU checks (experiments/cpu/mkenv.sh)"
+  PY=$(bash experiments/cpu/mkenv.sh "$VER" | tail -n 1) || { echo "ERROR: could not install vLLM $VER" >&2; exit 2; }
 fi
 "$PY" -m pip install -q --disable-pip-version-check "wrapt>=1.14" "packaging>=21" 2>&1 | grep -v "is ignored" || true
 "$PY" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | grep -E "^ERROR" || true
@@ -75,7 +75,7 @@ for cfg in stock xlkv; do
   env_flag=()
   [ "$cfg" = xlkv ] && env_flag=(env ENABLE_XLKV=true)
   echo "--- P->D transfer, $cfg"
-  "${env_flag[@]}" "$PY" tests/compat/pd_harness.py --out "$OUTDIR/cpu-$cfg.json" > "$OUTDIR/cpu-$cfg.log" 2>&1 || true
+  "${env_flag[@]}" "$PY" experiments/cpu/pd_harness.py --out "$OUTDIR/cpu-$cfg.json" > "$OUTDIR/cpu-$cfg.log" 2>&1 || true
 done
 python3 - "$OUTDIR" <<'PY' || rc=1
 import json, sys, os

@@ -20,7 +20,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXP = os.path.join(ROOT, "experiments")
-SCRIPTS = sorted(glob.glob(os.path.join(EXP, "*.sh")))
+SCRIPTS = sorted(glob.glob(os.path.join(EXP, "*.sh")) + glob.glob(os.path.join(EXP, "*", "*.sh")))
 
 
 def test_there_are_scripts():
@@ -112,12 +112,25 @@ def test_scripts_name_only_scripts_that_exist():
     # lib.sh once pointed at stage_bundle.sh / setup_bundle.sh, which never existed
     import re
     for s in SCRIPTS:
+        if os.path.basename(os.path.dirname(s)) == "upstream":
+            continue   # upstream/gpu.sh names vLLM's own test files
         for name in set(re.findall(r"\b([A-Za-z_][\w-]*\.(?:sh|py))\b", open(s).read())):
             if name in ("build_bundle.sh", "metrics.py", "stats.py", "envs.py", "batch_invariant.py",
                         "registry.py", "cuda.py"):
                 continue  # in ../shared or in vLLM
-            where = (EXP, os.path.join(EXP, "pdtools"), os.path.join(ROOT, "tests", "compat"), ROOT)
+            where = (EXP, os.path.dirname(s), os.path.join(EXP, "pdtools"), os.path.join(EXP, "cpu"),
+                     os.path.join(EXP, "probes"), ROOT)
             assert any(os.path.exists(os.path.join(d, name)) for d in where), (os.path.basename(s), name)
+
+
+def test_the_main_job_does_not_reach_into_tests():
+    """experiments/ is what an operator runs; tests/ may use it, never the other way round
+    (main.sh once ran tests/compat/mkenv.sh and tests/compat/pd_harness.py)."""
+    import re
+    for s in SCRIPTS:
+        for n, line in enumerate(open(s), 1):
+            assert not re.search(r"(?<![\w/.-])tests/(compat|real|unit|experiments|activation|run\.sh)\b", line), (
+                "%s:%d reaches into tests/: %s" % (os.path.relpath(s, ROOT), n, line.strip()))
 
 
 def _free_port():

@@ -1,4 +1,4 @@
-"""experiments/alloc_order_sim.py on the real vLLM BlockPool of each CI release, with real NIXL
+"""experiments/probes/alloc_order_sim.py on the real vLLM BlockPool of each CI release, with real NIXL
 as the judge: the block lists vLLM's pool hands out under a churned free queue are moved by
 NIXL (UCX on host memory), in vLLM's order and in transfer_order's, and the descriptor counts
 the simulator reports (the shim's arithmetic, layout.merged_descriptor_count) must be the
@@ -10,7 +10,7 @@ import os
 
 from conftest import ROOT, run_in
 
-SIM = os.path.join(ROOT, "experiments", "alloc_order_sim.py")
+SIM = os.path.join(ROOT, "experiments", "probes", "alloc_order_sim.py")
 CHECKED = 8  # requests per policy moved by NIXL
 
 

@@ -1,13 +1,13 @@
 """What issue 14's coalescing lever rests on, with real NIXL (UCX on host memory): NIXL merges
 descriptors whose memory is contiguous and increasing on both sides, in list order, and
-nothing else (experiments/nixl_merge_probe.py)."""
+nothing else (experiments/probes/nixl_merge_probe.py)."""
 
 import json
 import os
 
 from conftest import ROOT, once_per_session, run_in
 
-PROBE = os.path.join(ROOT, "experiments", "nixl_merge_probe.py")
+PROBE = os.path.join(ROOT, "experiments", "probes", "nixl_merge_probe.py")
 
 
 def test_nixl_merges_only_runs_contiguous_and_increasing_on_both_sides(vllm_env, tmp_path):

@@ -14,18 +14,20 @@ and checks the bytes.  The orders:
   mixed          local ascending <- remote descending (contiguous, opposite directions)
   random         a random permutation on both sides
 
-    python experiments/nixl_merge_probe.py [--blocks 64] [--block-bytes 1835008] [--out FILE]
+    python experiments/probes/nixl_merge_probe.py [--blocks 64] [--block-bytes 1835008] [--out FILE]
 
-Needs numpy and nixl (a tests/compat/mkenv.sh env).
+Needs numpy and nixl (a experiments/cpu/mkenv.sh env).
 """
 import argparse
 import json
 import os
 import sys
-import time
 from importlib import metadata
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _nixl_pair import blocks_equal, host_pair, read  # noqa: E402
 
 
 def main(argv=None):
@@ -34,21 +36,9 @@ def main(argv=None):
     ap.add_argument("--block-bytes", type=int, default=1835008, help="default: a Qwen3-0.6B cross-layer block")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    from nixl._api import nixl_agent, nixl_agent_config
-
     n, bb = a.blocks, a.block_bytes
     rng = np.random.default_rng(0)
-    src = rng.integers(0, 255, n * bb, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    cfg = nixl_agent_config(backends=["UCX"], capture_telemetry=True)
-    reader, target = nixl_agent("probe-reader", cfg), nixl_agent("probe-target", cfg)
-    reg = lambda arr: np.array([[arr.ctypes.data, arr.nbytes, 0]], dtype=np.uint64)  # noqa: E731
-    reader.register_memory(reg(dst), "DRAM")
-    target.register_memory(reg(src), "DRAM")
-    remote = reader.add_remote_agent(target.get_agent_metadata())
-    table = lambda base: np.array([(base + b * bb, bb, 0) for b in range(n)], dtype=np.uint64)  # noqa: E731
-    lh = reader.prep_xfer_dlist("NIXL_INIT_AGENT", table(dst.ctypes.data), "DRAM")
-    rh = reader.prep_xfer_dlist(remote, table(src.ctypes.data), "DRAM")
+    reader, src, dst, lh, rh = host_pair(n, bb, ("probe-reader", "probe-target"))
     up, down = list(range(n)), list(range(n - 1, -1, -1))
     perm_l, perm_r = rng.permutation(n).tolist(), rng.permutation(n).tolist()
     orders = {
@@ -62,18 +52,11 @@ def main(argv=None):
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "orders": {}}
     for name, (loc, rem) in orders.items():
         dst[:] = 0
-        t0 = time.perf_counter()
-        h = reader.make_prepped_xfer("READ", lh, loc, rh, rem, b"probe")
-        state = reader.transfer(h)
-        while state == "PROC":
-            state = reader.check_xfer_state(h)
-        ms = (time.perf_counter() - t0) * 1e3
-        tel = reader.get_xfer_telemetry(h)
-        reader.release_xfer_handle(h)
-        ok = state == "DONE" and bool((dst.reshape(n, bb)[loc] == src.reshape(n, bb)[rem]).all())
-        out["orders"][name] = {"descriptors_given": len(loc), "descCount": int(tel.descCount), "bytes_ok": ok,
+        state, count, ms = read(reader, lh, loc, rh, rem)
+        ok = state == "DONE" and blocks_equal(dst, src, n, bb, loc, rem)
+        out["orders"][name] = {"descriptors_given": len(loc), "descCount": count, "bytes_ok": ok,
                                "ms": round(ms, 3)}
-        print("%-10s given %4d  NIXL descCount %4d  bytes %s  %.1f ms" % (name, len(loc), tel.descCount,
+        print("%-10s given %4d  NIXL descCount %4d  bytes %s  %.1f ms" % (name, len(loc), count,
                                                                          "ok" if ok else "WRONG", ms))
     if a.out:
         with open(a.out, "w") as f:

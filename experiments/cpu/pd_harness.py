@@ -2,7 +2,7 @@
 """CPU-only prefill->decode proof harness for vLLM's real NixlConnector + real NIXL (UCX).
 
 Run with the python of an env made by mkenv.sh:
-    python tests/compat/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
+    python experiments/cpu/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
                                       [--p-env KEY=VAL] [--d-env KEY=VAL] [--timeout 60]
 
 Two processes (spawn): P (prefill, the NIXL READ target) and D (decode, the reader).

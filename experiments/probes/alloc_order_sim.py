@@ -44,7 +44,7 @@ import sys
 import time
 from collections import deque
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 from xlkv_autopatch import layout  # noqa: E402
 
 BLOCK = 16
@@ -200,20 +200,10 @@ def nixl_check(num_blocks, recs, block_bytes=256):
     """Move each request's blocks with real NIXL in vLLM's order and in transfer_order's order
     (D reads its blocks from P's); adds rec["nixl"] = {vllm_order, transfer_order: NIXL's
     descCount, bytes_ok}."""
-    import numpy as np
-    from nixl._api import nixl_agent, nixl_agent_config
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _nixl_pair import blocks_equal, host_pair, read
     n, bb = num_blocks, block_bytes
-    src = np.random.default_rng(0).integers(0, 255, n * bb, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    cfg = nixl_agent_config(backends=["UCX"], capture_telemetry=True)
-    d_agent, p_agent = nixl_agent("sim-d", cfg), nixl_agent("sim-p", cfg)
-    reg = lambda arr: np.array([[arr.ctypes.data, arr.nbytes, 0]], dtype=np.uint64)  # noqa: E731
-    d_agent.register_memory(reg(dst), "DRAM")
-    p_agent.register_memory(reg(src), "DRAM")
-    remote = d_agent.add_remote_agent(p_agent.get_agent_metadata())
-    table = lambda base: np.array([(base + b * bb, bb, 0) for b in range(n)], dtype=np.uint64)  # noqa: E731
-    lh = d_agent.prep_xfer_dlist("NIXL_INIT_AGENT", table(dst.ctypes.data), "DRAM")
-    rh = d_agent.prep_xfer_dlist(remote, table(src.ctypes.data), "DRAM")
+    d_agent, src, dst, lh, rh = host_pair(n, bb, ("sim-d", "sim-p"))
     for rec in recs:
         loc, rem = rec["_ids"]
         order = layout.ascending_order(loc) or list(range(len(loc)))
@@ -221,13 +211,8 @@ def nixl_check(num_blocks, recs, block_bytes=256):
         for name, (l_ids, r_ids) in (("vllm_order", (loc, rem)),
                                      ("transfer_order", ([loc[k] for k in order], [rem[k] for k in order]))):
             dst[:] = 0
-            h = d_agent.make_prepped_xfer("READ", lh, l_ids, rh, r_ids, b"sim")
-            state = d_agent.transfer(h)
-            while state == "PROC":
-                state = d_agent.check_xfer_state(h)
-            got[name] = int(d_agent.get_xfer_telemetry(h).descCount)
-            d_agent.release_xfer_handle(h)
-            ok &= state == "DONE" and bool((dst.reshape(n, bb)[l_ids] == src.reshape(n, bb)[r_ids]).all())
+            state, got[name], _ = read(d_agent, lh, l_ids, rh, r_ids, b"sim")
+            ok &= state == "DONE" and blocks_equal(dst, src, n, bb, l_ids, r_ids)
         rec["nixl"] = dict(got, bytes_ok=ok)
 
 

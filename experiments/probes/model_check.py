@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # experiments/: make_model.py
 sys.path.insert(0, HERE)
 import make_model  # noqa: E402
 from pdtools.prompts import prompt_ids  # noqa: E402

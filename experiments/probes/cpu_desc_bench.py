@@ -1,6 +1,6 @@
 """CPU benchmark: the same KV bytes moved with stock per-layer descriptors vs cross-layer ones.
 
-    python experiments/cpu_desc_bench.py [--runs 7] [--blocks 640] [--pool 1024]
+    python experiments/probes/cpu_desc_bench.py [--runs 7] [--blocks 640] [--pool 1024]
                                          [--out experiments/results/cpu-desc-bench.json]
 
 Real NIXL (UCX backend, default transports: CMA zero-copy reads on one host) on host memory,
@@ -15,7 +15,7 @@ builds its descriptor lists:
 Both move identical bytes (checked after every run).  Descriptor lists are prepared once
 (vLLM does that at registration); each run times ``make_prepped_xfer`` + ``transfer`` +
 completion.  Shapes: Qwen3-0.6B (28 layers) and Llama-3-8B (32 layers), 8 KV heads, head
-dim 128, bf16, 16-token blocks.  Needs numpy and nixl (e.g. a tests/compat/mkenv.sh env).
+dim 128, bf16, 16-token blocks.  Needs numpy and nixl (e.g. a experiments/cpu/mkenv.sh env).
 """
 import argparse
 import json
@@ -112,13 +112,13 @@ def main():
     ap.add_argument("--blocks", type=int, default=640, help="blocks per transfer (640 = a 10240-token prompt)")
     ap.add_argument("--pool", type=int, default=1024, help="blocks registered per side")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
                                                   "cpu-desc-bench.json"))
     args = ap.parse_args()
     from importlib import metadata
 
     result = {
-        "command": "python experiments/cpu_desc_bench.py " + " ".join(sys.argv[1:]),
+        "command": "python experiments/probes/cpu_desc_bench.py " + " ".join(sys.argv[1:]),
         "machine": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
         "nixl": metadata.version("nixl"), "ucx_tls": os.environ.get("UCX_TLS", "(default)"),
         "runs": args.runs, "models": {},

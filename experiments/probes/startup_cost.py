@@ -1,6 +1,6 @@
 """Interpreter start-up cost of the .pth hook: no shim vs shim installed (flag off) vs flag on.
 
-    python experiments/startup_cost.py [--runs 60] [--rounds 5] [--out experiments/results/startup-cost.json]
+    python experiments/probes/startup_cost.py [--runs 60] [--rounds 5] [--out experiments/results/startup-cost.json]
 
 Two throw-away virtual environments of this interpreter: one with only a path file (the
 package importable, no start-up hook) and one with ``xlkv_autopatch.pth`` as pip installs it.
@@ -19,7 +19,7 @@ import tempfile
 import time
 import venv
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
 def make_env(base, with_pth, pkgroot, deps):
@@ -65,7 +65,7 @@ def main():
     per_round = {k: [statistics.median(v[i * args.runs:(i + 1) * args.runs]) for i in range(args.rounds)]
                  for k, v in raw.items()}
     result = {
-        "command": "python experiments/startup_cost.py --runs %d --rounds %d" % (args.runs, args.rounds),
+        "command": "python experiments/probes/startup_cost.py --runs %d --rounds %d" % (args.runs, args.rounds),
         "python": sys.version.split()[0], "machine": platform.platform(), "cpus": os.cpu_count(),
         "unit": "ms wall clock per `python -c pass`",
         "median_ms": {k: round(statistics.median(v), 2) for k, v in raw.items()},
