@@ -151,6 +151,8 @@ def cmd_bench_cell(a):
     c = [x for x in doc["cells"] if cell_key(x) == cell_key(cell)][0]
     print("cell %s L=%s: mean TTFT per rep %s ms, desc/block %s" % (
         a.config, a.input_len, ["%.0f" % x for x in c["mean_ttft_ms"] if x is not None], c["descriptors_per_block"]))
+    if c.get("handoff_split_ms"):
+        print("  handoff split (mean ms): " + ", ".join("%s %.1f" % kv for kv in c["handoff_split_ms"].items()))
 
 
 def cmd_merge(a):

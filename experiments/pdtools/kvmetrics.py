@@ -97,6 +97,18 @@ PROM_KEYS = {
     "vllm:nixl_xfer_time_seconds_sum": "xfer_seconds_sum",
     "vllm:nixl_num_failed_transfers_total": "failed_transfers",
 }
+#: vLLM's own per-request histograms at D (sum and count, seconds): the handoff's parts inside D.
+#: time_to_first_token: the request's arrival at D -> its first token; request_queue_time: queued
+#: in D's engine -> first scheduled (blocks allocated, the KV read posted); request_prefill_time:
+#: first scheduled -> first token (the read, its completion noticed, the last token computed)
+REQUEST_KEYS = {
+    "vllm:time_to_first_token_seconds": "d_ttft",
+    "vllm:request_queue_time_seconds": "d_queue",
+    "vllm:request_prefill_time_seconds": "d_prefill",
+}
+for _name, _key in REQUEST_KEYS.items():
+    PROM_KEYS[_name + "_sum"] = _key + "_seconds_sum"
+    PROM_KEYS[_name + "_count"] = _key + "_count"
 
 
 def parse_prom(text):
@@ -109,8 +121,8 @@ def parse_prom(text):
         m = _PROM_RE.match(line)
         if m and m.group(1) in PROM_KEYS:
             out[PROM_KEYS[m.group(1)]] += float(m.group(3))
-            seen = True
-    return out if seen else None
+            seen = seen or m.group(1).startswith("vllm:nixl_")
+    return out if seen else None   # a page without NIXL counters is not a KV source
 
 
 def prom_delta(before, after):
@@ -126,7 +138,18 @@ def prom_delta(before, after):
         "avg_xfer_ms": d["xfer_seconds_sum"] / n * 1e3 if n else None,
         "throughput_mb_s": d["bytes_sum"] / 2**20 / d["xfer_seconds_sum"] if n and d["xfer_seconds_sum"] else None,
         "failed_transfers": int(round(d.get("failed_transfers", 0))),
+        **request_means(d),
     }
+
+
+def request_means(d):
+    """{d_ttft_ms, d_queue_ms, d_prefill_ms}: mean ms per request of one run's histogram deltas
+    (None where D finished no request in the run)."""
+    out = {}
+    for key in REQUEST_KEYS.values():
+        n = d.get(key + "_count", 0)
+        out[key + "_ms"] = d.get(key + "_seconds_sum", 0.0) / n * 1e3 if n else None
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -220,6 +243,8 @@ def kv_run(log_path, offset, prom_before, prom_after, bytes_per_block, backend=N
         chosen = dict(kv_log)
     else:
         chosen = {"num_transfers": 0, "source": None}
+    for key in REQUEST_KEYS.values():   # from D's histograms whichever source gave the KV numbers
+        chosen[key + "_ms"] = (kv_prom or {}).get(key + "_ms")
     chosen["bytes_per_block"] = bytes_per_block
     chosen["log"] = kv_log
     chosen["prom"] = kv_prom

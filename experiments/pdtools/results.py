@@ -10,7 +10,7 @@ from .kvmetrics import kv_summary
 CELL_KEY = ("config", "input_len", "output_len", "num_prompts", "state")
 PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "total_tok_s",
            "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps",
-           "proxy_prefill_ms", "proxy_decode_first_ms")
+           "proxy_prefill_ms", "proxy_decode_first_ms", "d_ttft_ms", "d_queue_ms", "d_prefill_ms")
 
 
 def _median(xs):
@@ -46,6 +46,8 @@ def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, comman
         for k in ("num_transfers", "avg_xfer_ms", "avg_mb_per_transfer", "blocks_per_transfer", "throughput_mb_s"):
             cell["kv_xfer"][k].append(kv.get(k))
         cell["kv_xfer"]["source"].append(kv.get("source"))
+        for k in ("d_ttft_ms", "d_queue_ms", "d_prefill_ms"):
+            cell[k].append(kv.get(k))
     _finish_cell(cell)
     return cell
 
@@ -62,10 +64,37 @@ def _finish_cell(cell):
     xfer = [x for x in (cell.get("kv_xfer") or {}).get("avg_xfer_ms", []) if x is not None]
     cell["avg_descriptors_per_transfer"] = statistics.mean(dpt) if dpt else None
     cell["avg_xfer_ms"] = statistics.mean(xfer) if xfer else None
-    for k in ("proxy_prefill_ms", "proxy_decode_first_ms"):
+    for k in ("proxy_prefill_ms", "proxy_decode_first_ms", "d_ttft_ms", "d_queue_ms", "d_prefill_ms"):
         xs = [x for x in cell.get(k, []) if x is not None]
         cell["avg_" + k] = statistics.mean(xs) if xs else None
+    cell["handoff_split_ms"] = handoff_split(cell)
     return cell
+
+
+def handoff_split(cell):
+    """Where a P/D request's time goes, mean ms per part (None for a cell that lacks the numbers,
+    e.g. prefill_only): P's answer at the proxy, then D's part of TTFT split by D's own request
+    metrics and NIXL's transfer time.  The parts after p_answer add up to the proxy's D time.
+      p_answer         the proxy sends to P .. P's answer (prefill on P)
+      d_frontend       the proxy sends to D .. D's API server has the request (the proxy's D time
+                       minus D's own TTFT, which starts at arrival)
+      d_ingress        arrival .. queued in D's engine (tokenising, the hop to the engine core:
+                       D's TTFT minus its queue and prefill times)
+      d_queue          queued in D's engine .. first scheduled (admission, blocks, read posted)
+      kv_read          NIXL's transfer time (post .. vLLM's check sees it done)
+      d_notice_first_token  first scheduled .. first token, less kv_read (the finished read
+                       noticed by D's step loop, the last prompt token computed)"""
+    pa, pd = cell.get("avg_proxy_prefill_ms"), cell.get("avg_proxy_decode_first_ms")
+    ttft, queue, prefill = cell.get("avg_d_ttft_ms"), cell.get("avg_d_queue_ms"), cell.get("avg_d_prefill_ms")
+    xfer = cell.get("avg_xfer_ms")
+    if None in (pa, pd, ttft, queue, prefill):
+        return None
+    parts = {"p_answer": pa, "d_frontend": pd - ttft, "d_ingress": ttft - queue - prefill, "d_queue": queue}
+    if xfer is not None:
+        parts.update(kv_read=xfer, d_notice_first_token=prefill - xfer)
+    else:
+        parts["d_read_notice_first_token"] = prefill
+    return {k: round(v, 3) for k, v in parts.items()}
 
 
 def cell_key(cell):
@@ -111,9 +140,10 @@ def merge_results(docs):
                 if rid in have:
                     continue
                 have.add(rid)
-                for k in PER_REP:
-                    if k in cell:
-                        tgt.setdefault(k, []).append(cell[k][i] if i < len(cell[k]) else None)
+                for k in PER_REP:   # every list stays aligned with run_ids (older files lack keys)
+                    lst = tgt.setdefault(k, [])
+                    lst.extend([None] * (len(tgt["run_ids"]) - (k != "run_ids") - len(lst)))
+                    lst.append(cell[k][i] if k in cell and i < len(cell[k]) else None)
                 for k, v in cell.get("kv_xfer", {}).items():
                     if isinstance(v, list):
                         tgt.setdefault("kv_xfer", {}).setdefault(k, []).append(v[i] if i < len(v) else None)

@@ -578,3 +578,44 @@ def test_kv_pulled_reads_d_metrics_before_and_after(tmp_path):
     finally:
         srv.shutdown()
     assert pdtools.kv_pulled("http://127.0.0.1:9/metrics", None, QWEN3_BLOCK, wait_s=0.1) is None
+
+
+REQUEST_PROM = PROM_TEXT + """vllm:time_to_first_token_seconds_sum{engine="0",model_name="/tmp/m"} 2.4
+vllm:time_to_first_token_seconds_count{engine="0",model_name="/tmp/m"} 8.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="/tmp/m"} 0.4
+vllm:request_queue_time_seconds_count{engine="0",model_name="/tmp/m"} 8.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="/tmp/m"} 1.6
+vllm:request_prefill_time_seconds_count{engine="0",model_name="/tmp/m"} 8.0
+"""
+
+
+def test_handoff_split_from_the_proxy_d_request_metrics_and_nixl():
+    """each P/D cell splits D's part of TTFT with D's own request histograms (deltas per rep)
+    and NIXL's transfer time; the parts after P's answer add up to the proxy's D time"""
+    after = pdtools.parse_prom(REQUEST_PROM)
+    before = dict.fromkeys(after, 0.0)
+    kv = pdtools.kv_run(None, 0, before, after, QWEN3_BLOCK)
+    assert (kv["d_ttft_ms"], kv["d_queue_ms"], kv["d_prefill_ms"]) == pytest.approx((300, 50, 200))
+    assert kv["avg_xfer_ms"] == pytest.approx(2.0)          # 0.004 s over 2 transfers
+    # the request histograms alone are no KV source (no NIXL counters on the page)
+    assert pdtools.parse_prom("vllm:request_queue_time_seconds_sum 1.0\n") is None
+    proxy = {"prefill_ms_mean": 400.0, "decode_first_ms_mean": 320.0}
+    cell = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [kv], [], QWEN3_BLOCK, [proxy])
+    split = cell["handoff_split_ms"]
+    assert split == pytest.approx({"p_answer": 400, "d_frontend": 20, "d_ingress": 50, "d_queue": 50,
+                                   "kv_read": 2, "d_notice_first_token": 198})
+    assert sum(v for k, v in split.items() if k != "p_answer") == pytest.approx(320)
+    # P alone (no proxy, no D): no split
+    assert pdtools.cell_from_runs("prefill_only", 10240, 1, 8, [_bench(380.0, "r2")], [None], [],
+                                  QWEN3_BLOCK)["handoff_split_ms"] is None
+
+
+def test_merge_keeps_per_rep_lists_aligned_when_an_older_file_lacks_a_key():
+    old = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [None], [], QWEN3_BLOCK)
+    for k in ("d_ttft_ms", "d_queue_ms", "d_prefill_ms"):
+        del old[k]                          # a cell written before D's request metrics were kept
+    new = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(650.0, "r2")], [{"d_queue_ms": 40.0}], [],
+                                 QWEN3_BLOCK)
+    doc = pdtools.merge_results([{"cells": [old]}, {"cells": [new]}])
+    c = doc["cells"][0]
+    assert c["run_ids"] == ["r1", "r2"] and c["d_queue_ms"] == [None, 40.0] and c["avg_d_queue_ms"] == 40.0
