@@ -105,7 +105,7 @@ for step in "$@"; do
     bench)
       require_staged
       bash "$HERE/pd_bench.sh"
-      wire=$(ls "$RESULT_DIR"/wire-*.json 2>/dev/null | tail -n 1)  # the wire step's copy, if it ran
+      wire=$(ls "$RESULT_DIR"/wire-*.json 2>/dev/null | tail -n 1 || true)  # the wire step's copy, if it ran
       for f in "$RESULT_DIR"/20*.json; do
         if [ -f "$f" ]; then python3 "$HERE/report.py" "$f" ${wire:+--wire "$wire"} > /dev/null || true; fi
       done ;;

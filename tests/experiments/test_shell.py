@@ -443,6 +443,18 @@ def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
     assert "run_gpu_cell: exit 143" in r.stdout
 
 
+def test_run_gpu_cell_bench_succeeds_without_a_wire_file(tmp_path):
+    """the bench step looks for the wire step's file; with none (one GPU: no wire step) a
+    finished benchmark must not end the call with exit 2 (seen 2026-11-24: pipefail on `ls`)"""
+    pytest.importorskip("aiohttp", reason="the fake vLLM needs it")
+    e = _env(tmp_path, FAKE_NGPU="1", CONFIGS="prefill_only", INPUT_LENS="64", NUM_PROMPTS="2", REPS="1",
+             WARMUP_PROMPTS="0", OUT=str(tmp_path / "out"))
+    r = subprocess.run(["bash", os.path.join(EXP, "run_gpu_cell.sh"), "bench"], capture_output=True, text=True,
+                       env=e, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "run_gpu_cell: exit 0" in r.stdout and not glob.glob(str(tmp_path / "results" / "wire-*"))
+
+
 def test_run_gpu_cell_returns_only_the_staged_releases_results(tmp_path):
     """With two releases staged on one machine, only the results of the one in $SITE go to
     $OUT (the device tool returns a limited number of files; the logs must fit)."""
