@@ -42,6 +42,7 @@ Cache: ``$XLKV_UPSTREAM_CACHE`` (default ``$XLKV_ENVS/upstream-tests``, ``XLKV_E
 
 import argparse
 import datetime
+import fcntl
 import fnmatch
 import glob
 import hashlib
@@ -137,6 +138,19 @@ def fetch(release):
     if os.path.isfile(os.path.join(target, ".xlkv-ok")):
         return target
     os.makedirs(cache_root(), exist_ok=True)
+    # One fetch per release at a time: two callers (the CI test runs stock and flag-on side by
+    # side) once both fetched into an empty cache, and the second replaced the tree the first
+    # was already running pytest in (seen 2026-11-24 on a fresh machine: "No such file or
+    # directory" for its working directory).  A complete tree is never replaced.
+    with open(os.path.join(cache_root(), ".fetch-%s.lock" % release), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(os.path.join(target, ".xlkv-ok")):
+            return target
+        _fetch_into(release, target)
+    return target
+
+
+def _fetch_into(release, target):
     tmp = tempfile.mkdtemp(dir=cache_root())
     try:
         path, got = _download_sdist(release, tmp)
@@ -155,11 +169,10 @@ def fetch(release):
             tar.extractall(out, members=members)
         _write_hf_cache(os.path.join(out, ".hf"))
         open(os.path.join(out, ".xlkv-ok"), "w").write("%s %s\n" % (release, got))
-        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)   # an incomplete tree (no .xlkv-ok)
         os.replace(out, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _write_hf_cache(hf_home):
