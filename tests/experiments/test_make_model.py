@@ -10,6 +10,7 @@ import pytest
 
 EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
 sys.path.insert(0, EXP)
+sys.path.insert(0, os.path.join(EXP, "probes"))   # model_check.py
 import pdtools  # noqa: E402
 
 
