@@ -12,6 +12,9 @@ For every request:
 
 Also: GET /v1/models (passed through to D, so `vllm bench serve` can find the model),
 GET /health (200 when both P and D answer /health), POST /v1/chat/completions (same flow).
+--token-ids-to-d (a proxy-side handoff lever, issue 22): P is asked for its prompt token ids
+(``return_token_ids``) and D gets them as the prompt instead of the text, so D does not
+tokenise the prompt again (completions with one string prompt; anything else goes as it came).
 GET /timings: where each request's time went since the last reset (?reset=1 resets after
 reading): P's answer (the whole one-token prefill request) and D's first byte (from sending
 D the request to its first streamed chunk; its whole answer when not streamed), mean and
@@ -48,9 +51,12 @@ PREFILL_KV_PARAMS = {
 _DROP_FOR_PREFILL = ("stream_options", "min_tokens", "max_completion_tokens")
 
 
-def prefill_request(body):
-    """The request P gets: same prompt and sampling, one token, no stream, remote decode."""
+def prefill_request(body, token_ids=False):
+    """The request P gets: same prompt and sampling, one token, no stream, remote decode (and,
+    with ``token_ids``, P's prompt token ids in its answer)."""
     req = copy.deepcopy(body)
+    if token_ids:
+        req["return_token_ids"] = True
     req["max_tokens"] = 1
     req["stream"] = False
     for k in _DROP_FOR_PREFILL:
@@ -59,13 +65,27 @@ def prefill_request(body):
     return req
 
 
-def decode_request(body, prefill_response):
-    """The request D gets: the original one plus P's kv_transfer_params."""
+def prompt_token_ids(prefill_response):
+    """P's prompt token ids (a completions answer to ``return_token_ids``), or None."""
+    choices = (prefill_response or {}).get("choices") or []
+    ids = choices[0].get("prompt_token_ids") if choices and isinstance(choices[0], dict) else None
+    return ids if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids) else None
+
+
+def decode_request(body, prefill_response, token_ids=False):
+    """The request D gets: the original one plus P's kv_transfer_params; with ``token_ids``, a
+    single string prompt replaced by P's prompt token ids (when P returned them)."""
     req = copy.deepcopy(body)
     params = (prefill_response or {}).get("kv_transfer_params")
     if not params:
         raise ValueError("prefill response carries no kv_transfer_params (is P running with NixlConnector?)")
     req["kv_transfer_params"] = params
+    if token_ids and isinstance(body.get("prompt"), str):
+        ids = prompt_token_ids(prefill_response)
+        if ids is None:
+            raise ValueError("--token-ids-to-d: P's answer has no prompt_token_ids (does this vLLM know "
+                             "return_token_ids?); run the proxy without --token-ids-to-d")
+        req["prompt"] = ids
     return req
 
 
@@ -80,7 +100,8 @@ def timing_summary(split):
 
 
 class Proxy:
-    def __init__(self, prefill, decode, timeout_s):
+    def __init__(self, prefill, decode, timeout_s, token_ids=False):
+        self.token_ids = token_ids
         self.prefill = prefill.rstrip("/")
         self.decode = decode.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -112,7 +133,8 @@ class Proxy:
         headers = self._headers(request, rid)
         t0 = time.perf_counter()
         # 1. prefill on P
-        async with self.session.post(self.prefill + path, json=prefill_request(body), headers=headers) as r:
+        ids = self.token_ids and path == "/v1/completions"
+        async with self.session.post(self.prefill + path, json=prefill_request(body, ids), headers=headers) as r:
             text = await r.text()
             if r.status != 200:
                 self.stats["errors"] += 1
@@ -121,7 +143,7 @@ class Proxy:
             p_resp = json.loads(text)
         t1 = time.perf_counter()
         try:
-            d_body = decode_request(body, p_resp)
+            d_body = decode_request(body, p_resp, ids)
         except ValueError as e:
             self.stats["errors"] += 1
             return web.json_response({"error": str(e)}, status=502)
@@ -169,8 +191,8 @@ class Proxy:
         return web.json_response(out, status=200 if ok else 503)
 
 
-def make_app(prefill, decode, timeout_s=3600):
-    proxy = Proxy(prefill, decode, timeout_s)
+def make_app(prefill, decode, timeout_s=3600, token_ids=False):
+    proxy = Proxy(prefill, decode, timeout_s, token_ids)
     app = web.Application(client_max_size=256 * 2**20)
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.stop)
@@ -189,12 +211,15 @@ def main(argv=None):
     ap.add_argument("--prefill", required=True, help="base URL of P, e.g. http://127.0.0.1:8100")
     ap.add_argument("--decode", required=True, help="base URL of D, e.g. http://127.0.0.1:8200")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--token-ids-to-d", action="store_true",
+                    help="D gets P's prompt token ids instead of the prompt text (completions)")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s pd_proxy %(levelname)s %(message)s")
-    log.info("proxy on %s:%d -> P %s, D %s", a.host, a.port, a.prefill, a.decode)
-    web.run_app(make_app(a.prefill, a.decode, a.timeout), host=a.host, port=a.port, access_log=None,
+    log.info("proxy on %s:%d -> P %s, D %s%s", a.host, a.port, a.prefill, a.decode,
+             " (D gets P's prompt token ids)" if a.token_ids_to_d else "")
+    web.run_app(make_app(a.prefill, a.decode, a.timeout, a.token_ids_to_d), host=a.host, port=a.port, access_log=None,
                 print=None)
     return 0
 

@@ -20,7 +20,7 @@ from .flag import flag_state, knob_errors
 def activate(source):
     """Install the patches if ENABLE_XLKV is on.  Returns True when active.
 
-    An unrecognised value of any knob (ENABLE_XLKV, XLKV_COALESCE, XLKV_STRICT; see
+    An unrecognised value of any knob (ENABLE_XLKV and the XLKV_* knobs; see
     :mod:`.flag`) raises here, before anything is patched (vLLM then refuses to start): a
     typo must not become a silent stock run, nor a refusal in every worker later.
     """

@@ -6,7 +6,7 @@ class XlkvError(RuntimeError):
 
 
 class XlkvFlagError(XlkvError):
-    """A knob (ENABLE_XLKV, XLKV_COALESCE, XLKV_STRICT) has a value that is neither on nor off."""
+    """A knob (ENABLE_XLKV or an XLKV_* knob of flag.KNOBS) has a value that is neither on nor off."""
 
 
 class XlkvDependencyError(XlkvError):

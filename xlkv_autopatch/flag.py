@@ -1,15 +1,20 @@
 """Every on/off environment variable of the shim (its *knobs*), parsed by one function.
 Standard library only: vLLM's plugin loader imports this with the flag off.
 
-=============  =======  ==================================================================
-knob           default  what "on" means
-=============  =======  ==================================================================
-ENABLE_XLKV    off      the cross-layer KV layout (set it on prefill and decode alike)
-XLKV_COALESCE  on       a cross-layer worker lists each NIXL transfer's descriptor pairs
-                        in ascending local block order (patches/transfer_order.py)
-XLKV_STRICT    off      a configuration that keeps the stock layout is an error, not a
-                        WARNING
-=============  =======  ==================================================================
+=============  =======  ================  =======  ===============================================================
+knob              default  what "on" means
+================  =======  ===============================================================
+ENABLE_XLKV       off      the cross-layer KV layout (set it on prefill and decode alike)
+XLKV_COALESCE     on       a cross-layer worker lists each NIXL transfer's descriptor
+                           pairs in ascending local block order (patches/transfer_order.py)
+XLKV_STRICT       off      a configuration that keeps the stock layout is an error, not a
+                           WARNING
+XLKV_EARLY_LOAD   off      decode posts a step's KV reads when the step's connector
+                           metadata is bound, before the forward launch (0.29+;
+                           patches/kv_load_start.py)
+XLKV_NOTICE_WAIT  off      decode waits up to 5 ms per step for KV reads in flight before
+                           reporting finished receives (patches/kv_receive_notice.py)
+================  =======  ===============================================================
 
 Each knob accepts 1/true/yes/on, 0/false/no/off (case-insensitive, blanks around ignored),
 or unset/empty for its default.  Any other value is an error naming the knob, the value
@@ -39,6 +44,10 @@ KNOBS = (
          "unset XLKV_COALESCE (default: on), or set XLKV_COALESCE=false to keep vLLM's descriptor order."),
     Knob("XLKV_STRICT", False, "a kept stock layout is an error instead of a WARNING",
          "set XLKV_STRICT=1 to make a kept stock layout an error, or unset it for a WARNING."),
+    Knob("XLKV_EARLY_LOAD", False, "decode posts a step's KV reads at bind, before the forward launch",
+         "set XLKV_EARLY_LOAD=1 to post KV reads before the forward launch, or unset it for vLLM's order."),
+    Knob("XLKV_NOTICE_WAIT", False, "decode waits up to 5 ms per step for KV reads in flight",
+         "set XLKV_NOTICE_WAIT=1 to wait for KV reads in flight, or unset it for vLLM's polling."),
 )
 _BY_NAME = {k.name: k for k in KNOBS}
 

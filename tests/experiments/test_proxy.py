@@ -36,6 +36,22 @@ def test_rewrite_functions():
         pd_proxy.decode_request(body, {"choices": []})
 
 
+def test_token_ids_to_d():
+    """--token-ids-to-d: P is asked for its prompt ids, D gets them instead of the text; without them
+    from P the proxy refuses rather than sending D something else."""
+    body = {"model": "m", "prompt": "w5 w6", "max_tokens": 16}
+    assert "return_token_ids" not in pd_proxy.prefill_request(body)
+    assert pd_proxy.prefill_request(body, token_ids=True)["return_token_ids"] is True
+    p_resp = {"kv_transfer_params": P_KV, "choices": [{"text": "w9", "prompt_token_ids": [7, 8], "token_ids": [9]}]}
+    d = pd_proxy.decode_request(body, p_resp, token_ids=True)
+    assert d == dict(body, prompt=[7, 8], kv_transfer_params=P_KV) and body["prompt"] == "w5 w6"
+    assert pd_proxy.decode_request(body, p_resp)["prompt"] == "w5 w6"  # lever off: the text
+    with pytest.raises(ValueError, match="no prompt_token_ids"):
+        pd_proxy.decode_request(body, {"kv_transfer_params": P_KV, "choices": [{"text": "w9"}]}, token_ids=True)
+    batch = dict(body, prompt=["w5", "w6"])  # not one string prompt: as it came
+    assert pd_proxy.decode_request(batch, p_resp, token_ids=True)["prompt"] == ["w5", "w6"]
+
+
 async def _serve(app):
     runner = web.AppRunner(app)
     await runner.setup()

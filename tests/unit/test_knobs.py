@@ -4,6 +4,8 @@ an error naming the knob, the value and the accepted values, and start-up refuse
 import os
 import re
 
+from pathlib import Path
+
 import pytest
 
 import xlkv_autopatch
@@ -15,10 +17,16 @@ PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 NAMES = [k.name for k in flag.KNOBS]
 
 
-def test_the_knobs_are_the_three_documented_ones():
-    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT"]
+def test_the_knobs_are_the_documented_ones():
+    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"]
     assert {k.name: k.default for k in flag.KNOBS} == {"ENABLE_XLKV": False, "XLKV_COALESCE": True,
-                                                        "XLKV_STRICT": False}
+                                                        "XLKV_STRICT": False, "XLKV_EARLY_LOAD": False,
+                                                        "XLKV_NOTICE_WAIT": False}
+    # every knob is in the package docstring's table and in docs/mechanism.md's
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "mechanism.md").read_text()
+    for name in NAMES:
+        assert "\n%s " % name in flag.__doc__, name
+        assert "| `%s` |" % name in docs, name
 
 
 @pytest.mark.parametrize("name", NAMES)
