@@ -134,6 +134,26 @@ image_version() {  # NAME -> the image's version, when the image list knows it
   awk -F'==' -v n="$n" '{k=tolower($1); gsub(/[_.]/, "-", k); if (k == n && NF > 1) {print $2; exit}}' "$IMAGE_LIST"
 }
 
+# torch_pins TORCH REQUIRES SKIP_IMAGE LIB...: the CUDA wheels LIB... (build's XLKV_BUNDLE_LIBS,
+# build-libs' arguments) as requirements, one a line: a bare name takes the version torch TORCH
+# pins in REQUIRES (its Requires-Dist lines), NAME==VER is taken as is, "none" is skipped.  With
+# SKIP_IMAGE=1 a pin the image already has is left out (said on stderr).  Returns 2 when torch
+# does not pin a bare name.
+torch_pins() {
+  local tv=$1 requires=$2 skip_image=$3 lib spec; shift 3
+  for lib in "$@"; do
+    [ "$lib" != none ] || continue
+    case "$lib" in
+      *==*) echo "$lib" ;;
+      *) spec=$(pin_of "$lib" < "$requires")
+         [ -n "$spec" ] || { echo "torch $tv does not pin $lib: give $lib==VERSION" >&2; return 2; }
+         if [ "$skip_image" = 1 ] && [ "${spec#==}" = "$(image_version "$lib")" ]; then
+           echo "$lib$spec: the image has it, not carried" >&2
+         else echo "$lib$spec"; fi ;;
+    esac
+  done
+}
+
 build() {
   local ver=${1:?usage: bundle.sh build VERSION DIR} out=${2:?usage: bundle.sh build VERSION DIR}
   local repo; repo=$(cd "$HERE/.." && pwd)
@@ -186,23 +206,16 @@ build() {
     [ -n "$(ls "$work"/wheels/torch-*.whl 2>/dev/null)" ] || pip_download "$work/wheels" "torch==$torch_pin"
     local twheel; twheel=$(ls "$work"/wheels/torch-*.whl)
     wheel_requires "$twheel" > "$work/torch.requires"
-    local extra=("torch==$torch_pin") spec name lib
+    local extra=("torch==$torch_pin") spec name lib libs
     spec=$(pin_of triton < "$work/torch.requires"); [ -z "$spec" ] || extra+=("triton$spec")
     for name in torchvision torchaudio; do
       spec=$(pin_of "$name" < "$work/vllm.requires")
       # the image's torchvision/torchaudio are built for its torch: carry vLLM's pin if it differs
       if [ -n "$spec" ] && [ "${spec#==}" != "$(image_version "$name")" ]; then extra+=("$name$spec"); fi
     done
-    for lib in ${XLKV_BUNDLE_LIBS-nvidia-nccl-cu13}; do
-      [ "$lib" != none ] || continue
-      case "$lib" in
-        *==*) extra+=("$lib") ;;
-        *) spec=$(pin_of "$lib" < "$work/torch.requires")
-           if [ -z "$spec" ]; then echo "torch $torch_pin does not pin $lib: give $lib==VERSION" >&2; exit 2; fi
-           if [ "${spec#==}" = "$(image_version "$lib")" ]; then echo "$lib$spec: the image has it, not carried"
-           else extra+=("$lib$spec"); fi ;;
-      esac
-    done
+    # shellcheck disable=SC2086
+    libs=$(torch_pins "$torch_pin" "$work/torch.requires" 1 ${XLKV_BUNDLE_LIBS-nvidia-nccl-cu13}) || exit 2
+    for lib in $libs; do extra+=("$lib"); done
     echo "carrying with torch: ${extra[*]}"
     pip_download "$work/wheels" "${extra[@]:1}"
     # MANIFEST names the versions downloaded (triton~=3.8.0 -> triton==3.8.0)
@@ -247,21 +260,15 @@ build_libs() {  # TORCH_VERSION DIR LIB...
   local tv=${1:?usage: bundle.sh build-libs TORCH DIR LIB...} out=${2:?DIR}; shift 2
   [ $# -gt 0 ] || { echo "name the CUDA wheels to carry" >&2; exit 2; }
   local repo; repo=$(cd "$HERE/.." && pwd)
-  local work=${BUNDLE_WORK:-$repo/.xfer-tmp/libs-$tv} lib spec w carried=("libs for torch $tv")
+  local work=${BUNDLE_WORK:-$repo/.xfer-tmp/libs-$tv} lib w carried=("libs for torch $tv")
   case "$out" in /*) ;; *) out="$repo/$out" ;; esac
   rm -rf "$work" && mkdir -p "$work/wheels" "$work/site" "$out"
   pip_download "$work/wheels" "torch==$tv"
   wheel_requires "$(ls "$work"/wheels/torch-*.whl)" > "$work/torch.requires"
   rm -f "$work"/wheels/torch-*.whl
-  local reqs=()
-  for lib in "$@"; do
-    case "$lib" in
-      *==*) reqs+=("$lib") ;;
-      *) spec=$(pin_of "$lib" < "$work/torch.requires")
-         [ -n "$spec" ] || { echo "torch $tv does not pin $lib: give $lib==VERSION" >&2; exit 2; }
-         reqs+=("$lib$spec") ;;
-    esac
-  done
+  local reqs=() pins
+  pins=$(torch_pins "$tv" "$work/torch.requires" 0 "$@") || exit 2
+  for lib in $pins; do reqs+=("$lib"); done
   echo "carrying: ${reqs[*]}"
   pip_download "$work/wheels" "${reqs[@]}"
   for w in "$work"/wheels/*.whl; do

@@ -100,23 +100,54 @@ detect_gpus() {
   [ "$NGPU" -gt 0 ]
 }
 
-# What can run without a GPU.  The owner may extend this function; it must return non-zero
-# when a check fails.  CPU_CHECKS_CMD replaces it (a shell command; tests use it).
+# cpu_checks PYTHON OUTDIR: what runs without a GPU, the one copy of it (main.sh's CPU path and
+# cpu_only_checks below): `xlkv_autopatch status`, then real P->D KV transfers through the
+# installed vLLM's own NixlConnector + NIXL on host memory (experiments/cpu/pd_harness.py), stock
+# and ENABLE_XLKV=true, every block compared byte for byte, and their table (the shim must bring
+# the descriptors per block down, to at most 2).  PYTHON needs vLLM, nixl and the shim
+# importable; results OUTDIR/cpu-{stock,xlkv}.json (and .log).  Returns non-zero when a check fails.
+cpu_checks() {
+  local py=$1 out=$2 rc=0 cfg
+  mkdir -p "$out"
+  ( cd / && "$py" -m xlkv_autopatch status ) || rc=1
+  for cfg in stock xlkv; do
+    local env_flag=(env)
+    [ "$cfg" = xlkv ] && env_flag=(env ENABLE_XLKV=true)
+    echo "--- P->D transfer, $cfg"
+    "${env_flag[@]}" timeout "${HARNESS_TIMEOUT:-900}" "$py" "$EXP_DIR/cpu/pd_harness.py" \
+      --out "$out/cpu-$cfg.json" > "$out/cpu-$cfg.log" 2>&1 || true
+  done
+  python3 - "$out" <<'PY' || rc=1
+import json, sys, os
+out = sys.argv[1]
+rows, ok = [], True
+for cfg in ("stock", "xlkv"):
+    path = os.path.join(out, "cpu-%s.json" % cfg)
+    d = json.load(open(path)) if os.path.exists(path) else {"errors": ["no result (see %s)" % path.replace(".json", ".log")]}
+    rows.append((cfg, d))
+    ok &= bool(d.get("transfer_verified"))
+print("%-6s %-8s %-12s %-8s %-16s %s" % ("config", "vLLM", "cross-layer", "regions", "descs per block", "bytes verified"))
+for cfg, d in rows:
+    print("%-6s %-8s %-12s %-8s %-16s %s" % (cfg, d.get("vllm"), d.get("cross_layer"), d.get("num_regions"),
+                                            d.get("descs_per_block"), d.get("transfer_verified")))
+    for e in d.get("errors") or []:
+        print("   error: %s" % str(e)[:300])
+s, x = rows[0][1].get("descs_per_block"), rows[1][1].get("descs_per_block")
+if ok and isinstance(s, int) and isinstance(x, int):
+    ok = x < s and x <= 2
+    print("descriptors per block: stock %s -> xlkv %s (%s)" % (s, x, "OK" if ok else "NOT fewer"))
+print("CPU checks: %s (GPU runs skipped: no GPU)" % ("PASS" if ok else "FAIL"))
+sys.exit(0 if ok else 1)
+PY
+  return $rc
+}
+
+# The GPU scripts' CPU checks: cpu_checks with XLKV_HARNESS_PYTHON (a Python whose vLLM runs on
+# CPU, e.g. from experiments/cpu/mkenv.sh; default $PY), results in $WORK.  CPU_CHECKS_CMD
+# replaces it (a shell command; tests use it).
 cpu_only_checks() {
   if [ -n "${CPU_CHECKS_CMD:-}" ]; then bash -c "$CPU_CHECKS_CMD"; return; fi
-  local rc=0
-  log "CPU check 1: python -m xlkv_autopatch status"
-  (cd "$REPO_DIR" && PYTHONPATH="$REPO_DIR:$SITE" ENABLE_XLKV=true "$PY" -m xlkv_autopatch status) || rc=1
-  if [ -f "$REPO_DIR/experiments/cpu/pd_harness.py" ]; then
-    # The harness needs a Python whose vLLM runs on CPU (experiments/cpu/mkenv.sh makes one).
-    local hpy=${XLKV_HARNESS_PYTHON:-$PY}
-    log "CPU check 2: experiments/cpu/pd_harness.py (python: $hpy)"
-    (cd "$REPO_DIR" && timeout "${HARNESS_TIMEOUT:-900}" "$hpy" experiments/cpu/pd_harness.py \
-        --out "$WORK/pd_harness.json") || rc=1
-  else
-    log "CPU check 2 skipped: experiments/cpu/pd_harness.py not found"
-  fi
-  return $rc
+  cpu_checks "${XLKV_HARNESS_PYTHON:-$PY}" "$WORK"
 }
 
 # Call at the start of every GPU script.

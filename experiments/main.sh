@@ -68,34 +68,6 @@ fi
 "$PY" -m pip install -q --disable-pip-version-check "wrapt>=1.14" "packaging>=21" 2>&1 | grep -v "is ignored" || true
 "$PY" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | grep -E "^ERROR" || true
 
-rc=0
-( cd / && "$PY" -m xlkv_autopatch status ) || rc=1
-for cfg in stock xlkv; do
-  env_flag=()
-  [ "$cfg" = xlkv ] && env_flag=(env ENABLE_XLKV=true)
-  echo "--- P->D transfer, $cfg"
-  "${env_flag[@]}" "$PY" experiments/cpu/pd_harness.py --out "$OUTDIR/cpu-$cfg.json" > "$OUTDIR/cpu-$cfg.log" 2>&1 || true
-done
-python3 - "$OUTDIR" <<'PY' || rc=1
-import json, sys, os
-out = sys.argv[1]
-rows, ok = [], True
-for cfg in ("stock", "xlkv"):
-    path = os.path.join(out, "cpu-%s.json" % cfg)
-    d = json.load(open(path)) if os.path.exists(path) else {"errors": ["no result (see %s)" % path.replace(".json", ".log")]}
-    rows.append((cfg, d))
-    ok &= bool(d.get("transfer_verified"))
-print("%-6s %-8s %-12s %-8s %-16s %s" % ("config", "vLLM", "cross-layer", "regions", "descs per block", "bytes verified"))
-for cfg, d in rows:
-    print("%-6s %-8s %-12s %-8s %-16s %s" % (cfg, d.get("vllm"), d.get("cross_layer"), d.get("num_regions"),
-                                            d.get("descs_per_block"), d.get("transfer_verified")))
-    for e in d.get("errors") or []:
-        print("   error: %s" % str(e)[:300])
-s, x = rows[0][1].get("descs_per_block"), rows[1][1].get("descs_per_block")
-if ok and isinstance(s, int) and isinstance(x, int):
-    ok = x < s and x <= 2
-    print("descriptors per block: stock %s -> xlkv %s (%s)" % (s, x, "OK" if ok else "NOT fewer"))
-print("CPU checks: %s (GPU runs skipped: no GPU)" % ("PASS" if ok else "FAIL"))
-sys.exit(0 if ok else 1)
-PY
-exit $rc
+# the checks themselves: lib.sh cpu_checks (the GPU scripts run the same without a GPU)
+source experiments/lib.sh
+cpu_checks "$PY" "$OUTDIR"

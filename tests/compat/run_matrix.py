@@ -39,6 +39,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -406,12 +407,16 @@ def main():
     args = ap.parse_args()
     global ONLY_ORDER
     ONLY_ORDER = args.only_order
-    # run a snapshot of the harness, so edits during a long matrix run cannot break it
+    # run a snapshot of the harness (the script and its package beside it), so edits during a
+    # long matrix run cannot break it
     global HARNESS
     os.makedirs(args.logs, exist_ok=True)
     snapshot = os.path.join(args.logs, "pd_harness.py")
-    with open(HARNESS) as src, open(snapshot, "w") as dst:
-        dst.write(src.read())
+    shutil.copyfile(HARNESS, snapshot)
+    package = os.path.join(args.logs, "pdharness")
+    shutil.rmtree(package, ignore_errors=True)
+    shutil.copytree(os.path.join(os.path.dirname(HARNESS), "pdharness"), package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     HARNESS = snapshot
     rows = {}
     if os.path.exists(args.out):

@@ -223,3 +223,108 @@ def test_add_unpacks_a_libs_bundle_into_the_site_and_links_the_image_libraries(t
     assert "import torch: 9.9.0+cu130" in out                # the main bundle's torch is checked
     again = run(["add", ".xferL"], tmp_path, cwd=tmp_path, env_extra=env).stdout
     assert ".xferL already added" in again
+
+
+# ---------------------------------------------------------------------------------------------
+# build / build-libs with a stubbed pip: which CUDA wheels travel with a carried torch, at which
+# versions (bundle.sh torch_pins, the one helper behind XLKV_BUNDLE_LIBS and build-libs' names)
+
+FAKE_PIP = r'''
+"""pip download stand-in: a wheel per requirement (NAME==VER, or NAME at 1.0) into -d DEST,
+with Requires-Dist lines from $FAKE_REQUIRES/<name>.txt; every requirement logged."""
+import os, re, sys, zipfile
+args = sys.argv[1:]
+assert args[0] == "download", args
+dest, reqs, i = None, [], 1
+while i < len(args):
+    a = args[i]
+    if a in ("-d", "-r", "--platform", "--python-version", "--implementation"):
+        if a == "-d":
+            dest = args[i + 1]
+        if a == "-r":
+            reqs += [l.strip() for l in open(args[i + 1]) if l.strip()]
+        i += 2
+        continue
+    if not a.startswith("-"):
+        reqs.append(a)
+    i += 1
+for req in reqs:
+    with open(os.environ["FAKE_PIP_LOG"], "a") as log:
+        log.write(req + "\n")
+    name, _, ver = req.partition("==")
+    ver = ver or "1.0"
+    dist = re.sub(r"[-.]+", "_", name).lower()
+    tag = "cp38-abi3-manylinux_2_31_x86_64" if dist == "vllm" else "py3-none-any"
+    meta = "Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, ver)
+    path = os.path.join(os.environ["FAKE_REQUIRES"], dist + ".txt")
+    if os.path.exists(path):
+        meta += "".join("Requires-Dist: %s\n" % l.strip() for l in open(path) if l.strip())
+    with zipfile.ZipFile(os.path.join(dest, "%s-%s-%s.whl" % (dist, ver, tag)), "w") as z:
+        z.writestr("%s-%s.dist-info/METADATA" % (dist, ver), meta)
+        z.writestr("%s/__init__.py" % dist, "")
+'''
+
+FAKE_UV = '''#!/bin/bash
+# uv pip compile stand-in: the resolution is numpy alone
+while [ $# -gt 0 ]; do [ "$1" = -o ] && echo "numpy==1.0" > "$2"; shift; done
+'''
+
+TORCH_REQUIRES = """triton==3.8.0
+nvidia-nccl-cu13==2.30.7; platform_system == "Linux"
+nvidia-cublas-cu13==13.1.1.3; platform_system == "Linux"
+nvidia-cudnn-cu13==9.24.0.50; platform_system == "Linux"
+nvidia-nccl-cu12==2.27.5; platform_system == "Windows"
+"""
+
+
+def stub_pip(root: Path) -> dict:
+    """PYTHON and PATH for bundle.sh so that pip downloads and uv resolves nothing from the net."""
+    (root / "requires").mkdir()
+    (root / "requires" / "torch.txt").write_text(TORCH_REQUIRES)
+    (root / "requires" / "vllm.txt").write_text("torch==9.9.0\ntorchvision==0.99.0\n")
+    (root / "fake_pip.py").write_text(FAKE_PIP)
+    py = root / "python"
+    py.write_text('#!/bin/bash\nif [ "$1 $2" = "-m pip" ]; then shift 2; exec "%s" "%s" "$@"; fi\nexec "%s" "$@"\n'
+                  % (sys.executable, root / "fake_pip.py", sys.executable))
+    py.chmod(0o755)
+    bin_ = root / "bin"
+    bin_.mkdir()
+    (bin_ / "uv").write_text(FAKE_UV)
+    (bin_ / "zstd").write_text("#!/bin/sh\nexit 1\n")   # build asks for it; BUNDLE_COMPRESS=xz packs
+    for tool in ("uv", "zstd"):
+        (bin_ / tool).chmod(0o755)
+    return {"PYTHON": str(py), "PATH": "%s:%s" % (bin_, os.environ["PATH"]), "FAKE_REQUIRES": str(root / "requires"),
+            "FAKE_PIP_LOG": str(root / "pip.log"), "BUNDLE_WORK": str(root / "work")}
+
+
+def carried(bundle: Path):
+    return sorted(l.split()[1] for l in (bundle / "MANIFEST").read_text().splitlines() if l.startswith("carry "))
+
+
+@pytest.mark.skipif(not shutil.which("unzip"), reason="needs unzip")
+def test_build_libs_takes_torchs_pins_for_bare_names(tmp_path):
+    env = stub_pip(tmp_path)
+    p = run(["build-libs", "9.9.0", str(tmp_path / ".xferL"), "nvidia-nccl-cu13", "nvidia-cublas-cu13",
+             "nvidia-foo-cu13==1.2"], tmp_path, cwd=tmp_path, env_extra=env)
+    assert "carrying: nvidia-nccl-cu13==2.30.7 nvidia-cublas-cu13==13.1.1.3 nvidia-foo-cu13==1.2" in p.stdout
+    assert carried(tmp_path / ".xferL") == ["nvidia_cublas_cu13==13.1.1.3", "nvidia_foo_cu13==1.2",
+                                            "nvidia_nccl_cu13==2.30.7"]
+    p = run(["build-libs", "9.9.0", str(tmp_path / ".xferL"), "nvidia-nccl-cu13", "nvidia-cusparselt-cu13"],
+            tmp_path, cwd=tmp_path, env_extra=env, check=False)
+    assert p.returncode == 2 and "torch 9.9.0 does not pin nvidia-cusparselt-cu13: give" in p.stderr
+    assert "nvidia-cusparselt" not in (tmp_path / "pip.log").read_text()
+
+
+@pytest.mark.skipif(not shutil.which("unzip"), reason="needs unzip")
+def test_build_carries_torchs_pins_of_xlkv_bundle_libs_less_the_images(tmp_path):
+    env = stub_pip(tmp_path)
+    image = tmp_path / "image.txt"   # the image: another torch, torch's cublas pin, an older nccl
+    image.write_text("torch==2.11.0\ntorchvision==0.26.0\nnvidia-cublas-cu13==13.1.1.3\nnvidia-nccl-cu13==2.28.9\n")
+    env.update(XLKV_BUNDLE_IMAGE=str(image), XLKV_BUNDLE_LIBS="nvidia-nccl-cu13 nvidia-cublas-cu13 nvidia-foo-cu13==1.2")
+    p = run(["build", "0.99.0", str(tmp_path / ".xferB")], tmp_path, cwd=tmp_path, env_extra=env)
+    assert "nvidia-cublas-cu13==13.1.1.3: the image has it, not carried" in p.stdout + p.stderr
+    assert carried(tmp_path / ".xferB") == ["nvidia-foo-cu13==1.2", "nvidia-nccl-cu13==2.30.7", "torch==9.9.0",
+                                            "torchvision==0.99.0", "triton==3.8.0"]
+    env["XLKV_BUNDLE_LIBS"] = "none"
+    run(["build", "0.99.0", str(tmp_path / ".xferB")], tmp_path, cwd=tmp_path, env_extra=env)
+    assert carried(tmp_path / ".xferB") == ["torch==9.9.0", "torchvision==0.99.0", "triton==3.8.0"]

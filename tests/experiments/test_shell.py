@@ -188,6 +188,52 @@ def test_no_gpu_runs_cpu_checks_with_distinct_exit_code(tmp_path):
     assert r.returncode == 1 and "CPU checks failed" in r.stderr
 
 
+FAKE_HARNESS_PY = r"""#!/bin/bash
+# a harness Python for the CPU checks: pip and status answer, the harness writes a result
+echo "$*" >> "$FAKE_PY_LOG"
+case "$1 $2" in "-m pip") exit 0 ;; "-m xlkv_autopatch") echo "fake status"; exit 0 ;; esac
+out=""
+while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+descs=4
+[ -n "${ENABLE_XLKV:-}" ] && descs=${FAKE_XLKV_DESCS:-1}
+printf '{"vllm": "0.99.0", "cross_layer": true, "num_regions": 1, "descs_per_block": %s, "transfer_verified": true, "errors": []}' "$descs" > "$out"
+"""
+
+
+def test_main_job_and_the_gpu_scripts_run_one_cpu_check(tmp_path):
+    """Without a GPU, main.sh and the GPU scripts run the same checks (lib.sh cpu_checks): status,
+    the harness stock and with ENABLE_XLKV=true, and the table that wants fewer descriptors."""
+    if any(os.path.exists(os.path.join(d, "nvidia-smi")) for d in ("/usr/bin", "/bin")):
+        pytest.skip("this machine has nvidia-smi in /usr/bin")
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_HARNESS_PY)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.log"
+    e = _env(tmp_path, XLKV_HARNESS_PYTHON=str(fake), XLKV_MAIN_OUT=str(tmp_path / "main"), FAKE_PY_LOG=str(calls))
+    e["PATH"] = "/usr/bin:/bin"  # no nvidia-smi (fake or real)
+    main = subprocess.run(["bash", os.path.join(EXP, "main.sh")], capture_output=True, text=True, env=e, timeout=120)
+    assert main.returncode == 0, main.stdout + main.stderr
+    assert "no GPU on this machine: the GPU equivalence and TTFT benchmark" in main.stdout
+    table = main.stdout[main.stdout.index("--- P->D transfer, stock"):]
+    assert "descriptors per block: stock 4 -> xlkv 1 (OK)" in table and "CPU checks: PASS" in table
+    harness = [line for line in calls.read_text().splitlines() if "pd_harness.py" in line]
+    assert [line.split()[0] for line in harness] == [os.path.join(EXP, "cpu", "pd_harness.py")] * 2
+    eq = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                        timeout=120)
+    assert eq.returncode == 3, eq.stdout + eq.stderr
+    assert "no GPU on this machine: running CPU checks only" in eq.stderr
+    assert eq.stdout[eq.stdout.index("--- P->D transfer, stock"):] == table
+    assert json.loads((tmp_path / "work" / "cpu-xlkv.json").read_text())["descs_per_block"] == 1
+    e["FAKE_XLKV_DESCS"] = "4"  # the shim changed nothing: both fail
+    main = subprocess.run(["bash", os.path.join(EXP, "main.sh")], capture_output=True, text=True, env=e, timeout=120)
+    assert main.returncode == 1 and "stock 4 -> xlkv 4 (NOT fewer)" in main.stdout
+    eq = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                        timeout=120)
+    assert eq.returncode == 1 and "CPU checks failed" in eq.stderr
+    # one copy: the harness runs and the table live in lib.sh only
+    copies = [s for s in SCRIPTS if any(m in open(s).read() for m in ("--- P->D transfer", "descriptors per block: stock"))]
+    assert [os.path.basename(s) for s in copies] == ["lib.sh"]
+
 def test_vllm_missing_is_a_setup_error(tmp_path):
     e = _env(tmp_path, SITE=str(tmp_path / "empty-site"))
     e["PYTHONPATH"] = ""

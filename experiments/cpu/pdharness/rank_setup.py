@@ -1,0 +1,415 @@
+"""One rank's set-up, as the release's engine core and GPU worker do it: config, the
+connector from the real factory, the KV cache from the release's own planner and model
+runner, and the registration with the connector.  Runs inside a rank worker process.
+
+TEST-HARNESS PATCHING (not product code): force_platform and the --kernel-block-size
+override below; nothing of vLLM's KV/NIXL logic is mocked."""
+import json
+import os
+
+from . import model
+from .compat import current_backends, has, kernel_block_sizes, kw
+
+
+def force_platform():
+    """Harness-only: force a CPU platform that looks like CUDA to the connector."""
+    import vllm.platforms as P
+    from vllm.platforms.cpu import CpuPlatform
+
+    def _fa_path():
+        try:
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+            return AttentionBackendEnum.FLASH_ATTN.get_path()
+        except Exception:
+            pass
+        try:
+            from vllm.attention.backends.registry import AttentionBackendEnum
+            return AttentionBackendEnum.FLASH_ATTN.get_path()
+        except Exception:
+            pass
+        try:
+            from vllm.attention.backends.registry import _Backend  # noqa
+        except Exception:
+            pass
+        return "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
+
+    class FakeCudaPlatform(CpuPlatform):
+        device_type = "cuda"
+        device_name = "cuda"
+
+        @classmethod
+        def get_nixl_memory_type(cls):
+            return "DRAM"
+
+        @classmethod
+        def set_device(cls, device):
+            return None
+
+        @classmethod
+        def get_attn_backend_cls(cls, *args, **kwargs):
+            return _fa_path()
+
+    P._current_platform = FakeCudaPlatform()
+    return "fakecuda"
+
+
+def setup(role, args, tmpdir):
+    """Build config, connector, KV cache, registration. Returns a dict of state."""
+    import importlib.metadata as md
+
+    state = {"role": role}
+    state["platform"] = force_platform()
+
+    # what the engine core / worker do first: load general plugins (the shim may be one)
+    # as in vLLM, an exception from a plugin ends the process (it is not a warning)
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+
+    # vLLM's modules, imported in this order before any of them is used (the helpers below
+    # name them again)
+    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,  # noqa: F401
+                             SchedulerConfig, VllmConfig, set_current_vllm_config)
+    from vllm.distributed import (init_distributed_environment,  # noqa: F401
+                                  initialize_model_parallel)
+    from vllm.distributed.kv_transfer import kv_transfer_state  # noqa: F401
+    from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: F401
+
+    state["vllm"] = md.version("vllm")
+    cfg = _vllm_config(role, args, tmpdir, state)
+    state["cfg"] = cfg
+    state["use_v2_model_runner"] = _use_v2_model_runner(cfg)
+    _init_distributed(cfg, args, tmpdir, state)
+
+    backends = current_backends(cfg)
+    backend = backends[0]
+    state["backend"] = backend.get_name()
+    # --kernel-block-size K: the attention backend supports only K-token kernel blocks, so
+    # the release's own prepare_kernel_block_sizes splits each logical block (harness-only
+    # override of the backend's capability, like the platform above)
+    kernel_bs = getattr(args, f"{role}_kernel_block_size", None) or getattr(args, "kernel_block_size", None)
+    if kernel_bs:
+        backend.get_supported_kernel_block_sizes = staticmethod(lambda *a, **k: [kernel_bs])
+
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(model.NUM_LAYERS)]
+    spec = _attention_spec(cfg, backend, state)
+    specs = {n: spec for n in names}
+    layout_api = _resolve_layout(cfg, backends, specs, state)
+    kvcc = _plan_kv_cache(cfg, specs, spec, layout_api)
+    state["num_blocks"] = kvcc.num_blocks
+    extra_blocks = _over_allocate(kvcc, args)
+    state["kernel_ratio"] = state["block_size"] // kernel_bs if kernel_bs else 1
+    state["tensor_blocks"] = (model.NUM_BLOCKS + extra_blocks) * state["kernel_ratio"]
+
+    _init_connector(cfg, kvcc, layout_api, state)
+    _allocate_and_register(cfg, kvcc, backend, names, state)
+    state["names"] = names
+    state["kvcc"] = kvcc
+    return state
+
+
+def _connector_extra(args):
+    extra = {}
+    if args.native_opt_in:
+        extra["enable_cross_layers_blocks"] = "True"
+    for item in getattr(args, "kv_extra", None) or []:  # --kv-extra KEY=JSON (both sides)
+        key, value = item.split("=", 1)
+        extra[key] = json.loads(value)
+    return extra
+
+
+def _kv_transfer_config(role, args, tmpdir, state):
+    from vllm.config import KVTransferConfig
+    extra = _connector_extra(args)
+    # --kv-buffer-device cpu: NIXL's host-buffer mode (the GPU path copies through host buffers)
+    buffer_device = getattr(args, "kv_buffer_device", None) or "cuda"
+    engine_id = getattr(args, "engine_id", None) or f"{role}-engine"
+    connector = getattr(args, f"{role}_connector", None) or "nixl"
+    state["connector_kind"] = connector
+    if connector == "nixl":
+        # --transfer push: vLLM's NixlPushConnector (P WRITEs into D's blocks), where the
+        # release has it; default: NixlConnector (D READs from P)
+        name = "NixlPushConnector" if getattr(args, "transfer", "pull") == "push" else "NixlConnector"
+        return kw(KVTransferConfig, kv_connector=name, kv_role="kv_both",
+                  kv_buffer_device=buffer_device, engine_id=engine_id,
+                  kv_connector_extra_config=extra)
+    # --p-connector/--d-connector multi: NixlConnector inside a MultiConnector (what
+    # dynamo and LMCache deployments run); multi-mixed adds the release's example
+    # storage connector, which never takes cross-layer blocks
+    children = [dict(kv_connector="NixlConnector", kv_role="kv_both",
+                     kv_buffer_device=buffer_device, kv_connector_extra_config=extra)]
+    if connector == "multi-mixed":
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        names = getattr(KVConnectorFactory, "_registry", {})
+        example = "ExampleConnector" if "ExampleConnector" in names else "SharedStorageConnector"
+        children.append(dict(kv_connector=example, kv_role="kv_both",
+                             kv_connector_extra_config={
+                                 "shared_storage_path": os.path.join(tmpdir, f"storage-{role}")}))
+    return kw(KVTransferConfig, kv_connector="MultiConnector", kv_role="kv_both",
+              kv_buffer_device=buffer_device, engine_id=engine_id,
+              kv_connector_extra_config={"connectors": children})
+
+
+def _vllm_config(role, args, tmpdir, state):
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    model_dir = os.path.join(tmpdir, "tinyllama")
+    mc = kw(ModelConfig, model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+            dtype="bfloat16", max_model_len=512, seed=0)
+    # --p-block-size / --d-block-size: a P/D block-size mismatch
+    block_size = getattr(args, f"{role}_block_size", None) or model.BLOCK_SIZE
+    state["block_size"] = block_size
+    kvt = _kv_transfer_config(role, args, tmpdir, state)
+    sc = kw(SchedulerConfig, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
+            is_encoder_decoder=False)
+    cc = kw(CacheConfig, block_size=block_size)
+    # --p-tp / --d-tp N: this side runs N tensor-parallel worker ranks, one process each
+    tp = getattr(args, f"{role}_tp", 1) or 1
+    tp_rank = getattr(args, "tp_rank", 0) or 0
+    state["tp"], state["tp_rank"] = tp, tp_rank
+    extra_cfg = {}
+    if tp > 1:
+        from vllm.config import ParallelConfig
+        # "mp": what vLLM picks for one node; named so that no device count is consulted
+        extra_cfg["parallel_config"] = kw(ParallelConfig, tensor_parallel_size=tp,
+                                          distributed_executor_backend="mp")
+    return kw(VllmConfig, model_config=mc, cache_config=cc, scheduler_config=sc,
+              kv_transfer_config=kvt, device_config=DeviceConfig("cpu"), **extra_cfg)
+
+
+def _use_v2_model_runner(cfg):
+    """0.22+: which model runner this engine would use on a GPU machine (the shim forces V1 on
+    0.22-0.28). Harness-only: vLLM's config module sees no Triton driver here and would pick
+    V1 for that reason alone, so Triton is reported available for this one evaluation."""
+    try:
+        import vllm.config.vllm as _cv
+        had = getattr(_cv, "HAS_TRITON", None)
+        if had is not None:
+            _cv.HAS_TRITON = True
+        try:
+            return getattr(cfg, "use_v2_model_runner", None)
+        finally:
+            if had is not None:
+                _cv.HAS_TRITON = had
+    except Exception as e:
+        return f"n/a ({e!r})"
+
+
+def _init_distributed(cfg, args, tmpdir, state):
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    ctx = set_current_vllm_config(cfg)
+    ctx.__enter__()
+    state["_ctx"] = ctx  # keep a reference: GC would exit the context
+    # a real gloo process group over this side's ranks (world size 1 at TP 1), as the
+    # release's GPU worker initialises it (with NCCL there)
+    tp, tp_rank = state["tp"], state["tp_rank"]
+    init_distributed_environment(world_size=tp, rank=tp_rank, local_rank=tp_rank,
+                                 distributed_init_method=f"file://{tmpdir}/dist-{getattr(args, 'engine_id', None) or state['role']}",
+                                 backend="gloo")
+    initialize_model_parallel(tp, 1)
+
+
+def _attention_spec(cfg, backend, state):
+    import dataclasses
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    tp = state["tp"]
+    assert model.NUM_KV_HEADS % tp == 0, f"{model.NUM_KV_HEADS} KV heads do not split over TP {tp}"
+    # each rank holds its share of the KV heads (vLLM's Attention layer divides them by TP)
+    spec = kw(FullAttentionSpec, block_size=state["block_size"], num_kv_heads=model.NUM_KV_HEADS // tp,
+              head_size=model.HEAD_DIM, dtype=torch.bfloat16)
+    # mirrors GPUModelRunner.get_kv_cache_spec (0.24-0.28): the runner stamps each
+    # AttentionSpec with its backend's indexes_kv_by_block_stride() under the current config
+    if "indexes_kv_by_block_stride" in {f.name for f in dataclasses.fields(spec)} and \
+            hasattr(backend, "indexes_kv_by_block_stride"):
+        with set_current_vllm_config(cfg):
+            spec = dataclasses.replace(
+                spec, indexes_kv_by_block_stride=backend.indexes_kv_by_block_stride())
+    return spec
+
+
+def _resolve_layout(cfg, backends, specs, state):
+    """0.29+: resolve the KV cache layout once, as the engine core does. Returns whether the
+    release has that API."""
+    layout_api = has("vllm.v1.attention.backends.utils", "resolve_kv_cache_layout")
+    if layout_api:
+        from vllm.v1.attention.backends.utils import (get_supported_kv_cache_layouts,
+                                                      resolve_kv_cache_layout)
+        supported = [[l.name for l in get_supported_kv_cache_layouts(backends)]]
+        layout = resolve_kv_cache_layout(cfg, supported, list(specs.values()))
+        state["kv_layout"] = layout.name
+        state["layout_block_outermost"] = bool(getattr(layout, "is_block_outermost", False))
+    return layout_api
+
+
+def _plan_kv_cache(cfg, specs, spec, layout_api):
+    """KV cache config from the release's own planner (engine core side)."""
+    import importlib
+    import inspect
+    try:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    except ImportError:  # 0.33: moved to kv_cache_planning
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+    cfg.cache_config.num_gpu_blocks_override = model.NUM_BLOCKS
+    mem = spec.page_size_bytes * model.NUM_BLOCKS * model.NUM_LAYERS
+    if "global_kv_cache_groups" in inspect.signature(get_kv_cache_configs).parameters:
+        # 0.33: the engine core computes the global groups first (same module)
+        ggroups = importlib.import_module(get_kv_cache_configs.__module__) \
+            .get_global_kv_cache_groups(cfg, [specs])
+        kvcc = get_kv_cache_configs(cfg, [specs], [mem], ggroups)[0]
+    else:
+        kvcc = get_kv_cache_configs(cfg, [specs], [mem])[0]
+    if layout_api and hasattr(kvcc, "kv_cache_layout"):
+        kvcc.kv_cache_layout = cfg.cache_config.kv_cache_layout
+    return kvcc
+
+
+def _over_allocate(kvcc, args):
+    """--over-allocate N: the allocator hands over tensors with N blocks more than the
+    scheduler's budget (virtual capacity, as kvcached does); the budget stays NUM_BLOCKS.
+    Returns N."""
+    import dataclasses
+    extra_blocks = getattr(args, "over_allocate", 0) or 0
+    if extra_blocks:
+        for i, t in enumerate(kvcc.kv_cache_tensors):
+            try:
+                t.size = t.size + extra_blocks * t.size // model.NUM_BLOCKS
+            except dataclasses.FrozenInstanceError:
+                kvcc.kv_cache_tensors[i] = dataclasses.replace(
+                    t, size=t.size + extra_blocks * t.size // model.NUM_BLOCKS)
+    return extra_blocks
+
+
+def _init_connector(cfg, kvcc, layout_api, state):
+    """Worker side: the connector via the real factory."""
+    from vllm.distributed.kv_transfer import kv_transfer_state as kvts
+    kw(kvts.ensure_kv_transfer_initialized, vllm_config=cfg, kv_cache_config=kvcc)
+    outer = kvts.get_kv_transfer_group()  # what the model runner talks to
+    # the NixlConnector (inside a MultiConnector: its child) runs the transfers below
+    conn = next((c for c in getattr(outer, "_connectors", []) if "Nixl" in type(c).__name__), outer)
+    state["outer"] = outer
+    state["conn"] = conn
+    state["connector_class"] = f"{type(outer).__module__}.{type(outer).__qualname__}"
+    try:
+        state["prefer_cross_layer_blocks"] = bool(outer.prefer_cross_layer_blocks)
+    except Exception:
+        state["prefer_cross_layer_blocks"] = None
+    if not layout_api:
+        try:
+            from vllm.v1.attention.backends.utils import get_kv_cache_layout
+            state["kv_layout"] = get_kv_cache_layout()
+        except Exception as e:
+            state["kv_layout"] = f"n/a ({e!r})"
+
+
+def _allocate_and_register(cfg, kvcc, backend, names, state):
+    outer = state["outer"]
+    runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
+    view = tuple(kv_caches[names[0]].shape)
+    if state["tensor_blocks"] not in view and model.NUM_BLOCKS * state["kernel_ratio"] in view:
+        # 0.29+ per-layer views cover the budget only, whatever the allocation holds
+        state["tensor_blocks"] = model.NUM_BLOCKS * state["kernel_ratio"]
+    state["runner"] = runner
+    state["kv_caches"] = kv_caches
+
+    # registration exactly as GPUModelRunner.initialize_kv_cache does
+    xl = getattr(runner, "cross_layers_kv_cache", None)
+    # <=0.28: the model runner allocated a cross-layer tensor; 0.29+: the resolved layout is
+    # block-outermost (the only form cross-layer takes there)
+    state["cross_layer"] = xl is not None or state.get("layout_block_outermost", False)
+    if xl is not None:
+        state["cross_layer_shape"] = list(xl.shape)
+        outer.register_cross_layers_kv_cache(xl, runner.cross_layers_attn_backend)
+    else:
+        outer.register_kv_caches(kv_caches)
+    try:
+        from vllm.v1.worker.gpu_model_runner import copy_kv_blocks  # noqa
+        if hasattr(outer, "set_host_xfer_buffer_ops"):
+            outer.set_host_xfer_buffer_ops(copy_kv_blocks)
+    except Exception:
+        pass
+    state["layer_view_shape"] = list(kv_caches[names[0]].shape)
+
+
+def _allocate_like_gpu_model_runner(cfg, kvcc, backend, names):
+    """Call the release's own GPUModelRunner.initialize_kv_cache_tensors on a runner object
+    that was not __init__'ed (no GPU). Only the attributes those methods read are set."""
+    import dataclasses
+    import types
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker import utils as wutils
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    group_spec = kvcc.kv_cache_groups[0].kv_cache_spec
+    ag_fields = {f.name for f in dataclasses.fields(wutils.AttentionGroup)}
+    ag_kwargs = dict(backend=backend, layer_names=list(names), kv_cache_spec=group_spec,
+                     kv_cache_group_id=0)
+    if "metadata_builders" in ag_fields:
+        ag_kwargs["metadata_builders"] = []
+    attn_group = wutils.AttentionGroup(**{k: v for k, v in ag_kwargs.items() if k in ag_fields})
+
+    class _LayerStub:  # stand-in for the Attention modules bind_kv_cache attaches caches to
+        def __init__(self):
+            self.kv_cache = []
+
+        def bind_kv_cache(self, kv_cache):
+            self.kv_cache = kv_cache
+
+    fwd = {n: _LayerStub() for n in names}
+    attrs = dict(
+        vllm_config=cfg, model_config=cfg.model_config, cache_config=cfg.cache_config,
+        parallel_config=cfg.parallel_config, scheduler_config=cfg.scheduler_config,
+        kv_cache_config=kvcc, device=torch.device("cpu"), attn_groups=[[attn_group]],
+        runner_only_attn_layers=set(), shared_kv_cache_layers={}, kv_caches=[],
+        compilation_config=types.SimpleNamespace(static_forward_context=fwd),
+        cross_layers_kv_cache=None, cross_layers_attn_backend=None,
+        speculative_config=None, kv_sharing_fast_prefill_eligible_layers=set(),
+        dtype=cfg.model_config.dtype,
+    )
+    for k, v in attrs.items():
+        try:
+            setattr(runner, k, v)
+        except Exception:
+            pass
+    kv_caches = runner.initialize_kv_cache_tensors(kvcc, kernel_block_sizes(runner, kvcc))
+    return runner, kv_caches
+
+
+def worker_state(state):
+    """What the connector worker made of the registration (regions, descriptors, topology)."""
+    w = state["conn"].connector_worker
+    out = {}
+    for a in ("num_regions", "num_descs", "num_blocks", "block_size", "block_len",
+              "block_len_per_layer", "kv_cache_layout", "backend_name",
+              "_physical_blocks_per_logical_kv_block", "_has_packed_cache", "use_mla",
+              "tp_rank", "world_size"):
+        if hasattr(w, a):
+            v = getattr(w, a)
+            if isinstance(v, (int, float, str, bool, list, tuple)) or v is None:
+                out[a] = list(v) if isinstance(v, tuple) else v
+    sbd = getattr(w, "src_blocks_data", None)
+    if isinstance(sbd, list):
+        out["len_src_blocks_data"] = len(sbd)
+    topo = getattr(w, "transfer_topo", None) or getattr(w, "kv_topo", None)
+    if topo is not None:
+        out["topology"] = _topology(topo)
+    return out
+
+
+def _topology(topo):
+    t = {}
+    for a in ("cross_layers_blocks", "_cross_layers_blocks", "split_k_and_v",
+              "is_kv_layout_blocks_first", "tensor_shape", "block_size_position"):
+        try:
+            v = getattr(topo, a)
+        except Exception:
+            continue
+        if isinstance(v, (int, bool, str)) or v is None:
+            t[a] = v
+        elif isinstance(v, (tuple, list)) or hasattr(v, "__len__"):
+            try:
+                t[a] = list(v)
+            except Exception:
+                pass
+    return t
