@@ -76,7 +76,7 @@ collect() {
     else other="$other $n"; fi
   done
   [ -z "$other" ] || echo "run_gpu_cell: kept on the machine (not vLLM $ver):$other"
-  [ -f "$WORK/pd_harness.json" ] && cp "$WORK/pd_harness.json" "$OUT/"
+  for f in "$WORK"/cpu-stock.json "$WORK"/cpu-xlkv.json; do [ -f "$f" ] && cp "$f" "$OUT/"; done
   echo "run_gpu_cell: exit $rc; files in \$OUT: $(cd "$OUT" && ls | xargs) console.txt"
   sleep 0.3; cp "$CONSOLE" "$OUT/console.txt" 2>/dev/null
   exit $rc

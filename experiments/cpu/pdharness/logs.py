@@ -41,7 +41,8 @@ class LogCapture:
         return [f"{lvl} {name}: {msg}"[:600] for lvl, name, msg in self.records
                 if lvl == "WARNING"]
 
-    def shim_lines(self):
-        """The shim's own log lines (vLLM's logger tree), whatever vLLM does with stdout."""
-        return [f"{lvl} {msg}"[:400] for lvl, name, msg in self.records
+    def shim_lines(self, since=0):
+        """The shim's own log lines (vLLM's logger tree), whatever vLLM does with stdout; ``since``:
+        only records after that many."""
+        return [f"{lvl} {msg}"[:400] for lvl, name, msg in self.records[since:]
                 if name.startswith("vllm.xlkv_autopatch")][-30:]

@@ -156,19 +156,23 @@ def _receive(st, args, request, calls, telemetry, logs):
     connector reports it received, and returns the outcome with its layers' bytes."""
     req, remote_ids, local_ids, p_info = request
     res = {"req": req, "remote_block_ids": remote_ids, "local_block_ids": local_ids}
-    n_calls0, n_tel0 = len(calls), len(telemetry)
+    n_calls0, n_tel0, n_log0 = len(calls), len(telemetry), len(logs.records)
     err0 = len(logs.errors())
     md = _recv_metadata(st, args, req, remote_ids, local_ids, p_info)
     t1 = time.time()
     recv_done = False
     s, r = tick(st, md)
+    ticks = 1
     while time.time() - t1 < args.timeout:
         if r and req in r:
             recv_done = True
             break
         time.sleep(0.01)
         s, r = tick(st)
+        ticks += 1
     res["recv_done"] = recv_done
+    res["recv_ticks"] = ticks  # engine steps until D's connector reported the receive
+    res["shim_log"] = logs.shim_lines(since=n_log0)  # the shim's lines during this receive
     res["recv_s"] = round(time.time() - t1, 3)
     try:
         res["invalid_block_ids"] = sorted(st["conn"].get_block_ids_with_load_errors())
