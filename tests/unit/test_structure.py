@@ -5,6 +5,7 @@ imports one of a higher floor."""
 import ast
 import os
 import re
+from pathlib import Path
 
 import xlkv_autopatch
 from xlkv_autopatch import catalogue
@@ -141,3 +142,14 @@ def test_the_floor_check_sees_a_planted_upward_import():
     graph["xlkv_autopatch.registry"] = graph["xlkv_autopatch.registry"] | {"xlkv_autopatch.patches"}
     assert _upward(graph) == [("xlkv_autopatch.registry", "xlkv_autopatch.patches"),
                               ("xlkv_autopatch.releases", "xlkv_autopatch.registry")]
+
+
+def test_test_files_have_distinct_basenames():
+    """pytest imports test files as top-level modules (no __init__.py in tests/): two files with one
+    basename make the whole run stop at collection (2026-11-24: tests/unit and tests/real both had
+    test_handoff_levers.py; each passed alone, the full run collected nothing)."""
+    seen = {}
+    for path in sorted((Path(__file__).resolve().parents[1]).rglob("test_*.py")):
+        assert path.name not in seen, (path, seen[path.name])
+        seen[path.name] = path
+    assert len(seen) > 30
