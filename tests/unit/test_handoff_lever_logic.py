@@ -1,4 +1,5 @@
-"""The handoff levers' own logic, without vLLM (their real check: tests/real/test_handoff_levers.py).
+"""The handoff levers' own logic, without vLLM (their real check: tests/real/test_handoff_levers.py;
+the basenames differ because pytest imports test files as top-level modules).
 
 kv_receive_notice.wait_for_reads polls until no read is in progress or the bound passes;
 kv_load_start's two wrappers post a step's loads once, at bind, and only with the knob on."""
