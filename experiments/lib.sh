@@ -318,7 +318,7 @@ config_env() {
     shim-levers) CFG_ENV=(ENABLE_XLKV=true XLKV_EARLY_LOAD=1 XLKV_NOTICE_WAIT=1) ;;
     # proxy-side lever (experiments only, not the shim's): D gets P's prompt token ids, not the text
     shim-ids) CFG_ENV=(ENABLE_XLKV=true); CFG_PROXY_ARGS=(--token-ids-to-d) ;;
-    shim-all) CFG_ENV=(ENABLE_XLKV=true XLKV_EARLY_LOAD=1 XLKV_NOTICE_WAIT=1); CFG_PROXY_ARGS=(--token-ids-to-d) ;;
+    shim-all) config_env shim-levers; CFG_PROXY_ARGS=(--token-ids-to-d) ;;
     # the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker as README says
     shim-ray) CFG_ENV=(ENABLE_XLKV=true); CFG_D_ENV=(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV)
       CFG_D_ARGS=(--distributed-executor-backend ray) ;;
