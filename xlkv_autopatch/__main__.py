@@ -1,4 +1,4 @@
-"""Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve]``."""
+"""Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve] [--model DIR [--tp N] [--pp N]]``."""
 
 import argparse
 import contextlib
@@ -14,18 +14,45 @@ def main(argv=None):
                                        "(exit 1 with a PROBLEM line each)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--no-resolve", action="store_true", help="do not import vLLM to resolve patch targets")
+    st.add_argument("--model", metavar="DIR", help="also say what the shim does for the model in this Hugging Face "
+                                                   "config folder (its family, layout and descriptors per block)")
+    st.add_argument("--tp", type=int, default=1, help="with --model: the tensor-parallel size (default 1)")
+    st.add_argument("--pp", type=int, default=1, help="with --model: the pipeline-parallel size (default 1)")
     args = parser.parse_args(argv)
     from . import status_report
 
     # vLLM logs to stdout; keep stdout for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
         info = status_report.collect(resolve=not args.no_resolve)
+        if args.model:
+            _add_model(info, args)
     if args.json:
         json.dump(info, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print(status_report.render(info))
+        text = status_report.render(info).split("\n")
+        if args.model:  # before the PROBLEM lines and the verdict
+            from . import model_report
+
+            at = next((i for i, line in enumerate(text) if line.startswith(("PROBLEM:", "status:"))), len(text))
+            text[at:at] = model_report.render(info["model"])
+        print("\n".join(text))
     return 0 if info["ok"] else 1
+
+
+def _add_model(info, args):
+    from . import model_report
+    from .flag import knob
+
+    info["model"] = model_report.collect(args.model, tp=args.tp, pp=args.pp,
+                                         use_vllm=bool(info.get("vllm_installed")))
+    try:
+        strict = knob("XLKV_STRICT")
+    except Exception:  # a bad value is already a PROBLEM of its own
+        strict = False
+    found = model_report.problems(info["model"], strict and info["flag"]["on"])
+    info["problems"].extend(found)
+    info["ok"] = info["ok"] and not found
 
 
 if __name__ == "__main__":

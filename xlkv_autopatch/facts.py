@@ -34,6 +34,9 @@ class ReleaseFacts:
     #: looks its remote engine up, which a refused handshake never recorded (0.12-0.21: a
     #: KeyError that ends the worker; 0.22+ skip failed receives)
     failed_recv_looks_up_engine: bool = False
+    #: a FlashAttention-style layer's K and V are two NIXL regions in the stock layout
+    #: (0.12-0.25; one region per layer from 0.26)
+    kv_split_regions: bool = False
 
 
 def facts_for(release):
@@ -49,6 +52,7 @@ def facts_for(release):
         fa_heads_outermost=row.fa_heads,
         cross_layer_backends=releases.BACKENDS[row.backends],
         failed_recv_looks_up_engine=row.recv_lookup,
+        kv_split_regions=row.kv_split,
     )
 
 

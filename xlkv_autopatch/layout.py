@@ -32,7 +32,6 @@ def cross_layer_decision(
     backend: str,
     kv_layout: Optional[str],
     allowed_backends: Sequence[str],
-    use_mla: bool = False,
     has_mamba: bool = False,
     num_kv_groups: int = 1,
     host_buffer: bool = False,
@@ -42,15 +41,13 @@ def cross_layer_decision(
     """Should this worker use one cross-layer KV tensor (vLLM 0.12-0.28)?
 
     Mirrors the guards upstream vLLM applies to its own opt-in (backend allow-list, HND
-    layout, no Mamba) plus the ones the shim needs (no MLA, one KV group, no host
-    buffer).  ``explicit_opt_in`` is the user's ``enable_cross_layers_blocks`` value, if
+    layout, no Mamba) plus the ones the shim needs (one KV group, no host buffer); the
+    model's family (MLA and the rest) is decided by :func:`xlkv_autopatch.families.decide`.  ``explicit_opt_in`` is the user's ``enable_cross_layers_blocks`` value, if
     any: an explicit false wins over ENABLE_XLKV.  ``env_layout``: the user's
     ``VLLM_KV_CACHE_LAYOUT``, named when it is what makes the layout other than HND.
     """
     if explicit_opt_in is not None and str(explicit_opt_in).strip().lower() != "true":
         return Decision(False, "kv_connector_extra_config sets enable_cross_layers_blocks=%s" % explicit_opt_in)
-    if use_mla:
-        return Decision(False, "MLA models keep the stock layout (one latent cache per layer)")
     if has_mamba:
         return Decision(False, "hybrid Mamba/SSM models keep the stock layout")
     if num_kv_groups != 1:
@@ -72,30 +69,13 @@ def explicit_layout_reason(env_layout: str) -> str:
 
 
 def layout_decision(*, stock: Optional[str], env_layout: Optional[str]) -> Decision:
-    """Which KV-cache layout to ask vLLM >= 0.29 for."""
-    if stock is None:
-        return Decision(False, "NixlConnector requests no layout (MLA model or no model config)")
+    """Which KV-cache layout to ask vLLM >= 0.29 for, once the model's family allows a
+    block-outermost one (:func:`xlkv_autopatch.families.decide`).  ``stock`` is what
+    NixlConnector asked for (None for MLA models, which it leaves to vLLM's default)."""
     if env_layout:
         return Decision(False, explicit_layout_reason(env_layout))
-    return Decision(True, "block-outermost %s: one contiguous row per block across all layers" % BLOCK_OUTERMOST_LAYOUT)
-
-
-def block_outermost_gain(kv_heads_per_rank: Optional[int]) -> Decision:
-    """Does a block-outermost layout (vLLM >= 0.29) save descriptors on a rank with this many KV
-    heads?
-
-    vLLM registers a block-outermost row as one region only where a layer's page inside the
-    row is not contiguous on its own.  With one KV head per rank (the number of KV heads equal
-    to the TP size, or MQA) every layer's page is contiguous, so vLLM registers one region per
-    layer whose blocks are a whole row apart: one descriptor per layer and block, the stock
-    count, and NIXL can no longer merge consecutive blocks, which it does for the stock layout
-    (8 ascending blocks of the 4-layer harness model: 32 descriptors instead of 4).
-    """
-    if kv_heads_per_rank == 1:
-        return Decision(False, "one KV head per tensor-parallel rank: vLLM registers a block-outermost layout as one "
-                               "NIXL region per layer then, which moves as many descriptors per block as the stock "
-                               "layout and cannot merge consecutive blocks")
-    return Decision(True, "%s KV heads per rank" % kv_heads_per_rank)
+    return Decision(True, "block-outermost %s instead of %s: one contiguous row per block across all layers"
+                    % (BLOCK_OUTERMOST_LAYOUT, stock or "vLLM's default"))
 
 
 def remote_cross_layer(*, local_cross: bool, local_regions: int, remote_regions: int,

@@ -80,32 +80,34 @@ LOAD_STARTS = ("before", "after")
 #   backends   backends upstream's cross-layer guard accepts (BACKENDS)
 #   recv_lookup  get_finished post-processes a failed receive and looks up the refused engine
 #              (a KeyError that ends the worker)
+#   kv_split   a FlashAttention-style layer's K and V are two NIXL regions in the stock layout (one region
+#              per layer from 0.26: K/V in one page)
 #   load_start where the model runner posts a step's async KV loads: before the forward launch, or
 #              after it (0.29+; the early-load lever patches/kv_load_start.py targets those)
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup load_start
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         before
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         before
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         before
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         before
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         before
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         before
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         before
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         before
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         before
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         before
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          before
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          before
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          before
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          before
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          before
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          before
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          before
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          after
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          after
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          after
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          after
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          after
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split load_start
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      before
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      before
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      before
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      before
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      before
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      before
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      before
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      before
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      before
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      before
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       before
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       before
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       before
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
 """
 
 
@@ -126,6 +128,7 @@ class Release:
     fa_heads: bool
     backends: str
     recv_lookup: bool
+    kv_split: bool
     load_start: str
 
     def __post_init__(self):

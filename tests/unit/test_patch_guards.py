@@ -306,16 +306,39 @@ def test_model_runner_forces_v1_only_when_it_should(monkeypatch):
         model_runner.runner_wrapper(v2, cfg, (), {})
 
 
-def test_layout_wrapper(monkeypatch):
+def _model_cfg(**kw):
+    """A VllmConfig stand-in whose model answers what families.decide reads."""
+    hf = types.SimpleNamespace(**kw.pop("hf", {}))
+    heads = kw.pop("heads", 2)
+    fields = dict(is_hybrid=False, use_mla=False, hf_text_config=hf, get_num_kv_heads=lambda parallel: heads)
+    fields.update(kw)
+    model = types.SimpleNamespace(**fields)
+    return types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_buffer_device="cuda"),
+                                 model_config=model, parallel_config=types.SimpleNamespace(pipeline_parallel_size=1))
+
+
+def test_layout_wrapper(monkeypatch, release):
+    release("0.33.0")
     monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
     cls = type("NixlPullConnector", (), {})
-    cfg = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_buffer_device="cuda"),
-                                model_config=types.SimpleNamespace(is_hybrid=False))
+    cfg = _model_cfg()
     assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "BLNHC"
-    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (cfg,), {}) is None  # MLA
-    hybrid = types.SimpleNamespace(kv_transfer_config=cfg.kv_transfer_config,
-                                   model_config=types.SimpleNamespace(is_hybrid=True))
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (hybrid,), {}) == "LBHNC"
+    # MLA: NixlConnector asks for nothing, xlkv for the block-outermost layout (packed latent rows)
+    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (_model_cfg(use_mla=True, heads=1),), {}) == "BLNHC"
+    # sliding-window + full attention: BLNHC (one shared whole-row region for every group)
+    swa = _model_cfg(hf=dict(sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2))
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (swa,), {}) == "BLNHC"
+    # stock, each with its WARNING: sparse-indexer MLA, Mamba hybrids, one KV head per rank
+    sparse = _model_cfg(use_mla=True, heads=1, hf=dict(index_topk=2048))
+    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (sparse,), {}) is None
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(is_hybrid=True),), {}) == "LBHNC"
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(heads=1),), {}) == "LBHNC"
+    no_model = types.SimpleNamespace(kv_transfer_config=cfg.kv_transfer_config, model_config=None)
+    assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (no_model,), {}) is None
+    monkeypatch.setenv("XLKV_STRICT", "1")
+    with pytest.raises(XlkvError, match="sparse indexer"):
+        kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (sparse,), {})
+    monkeypatch.delenv("XLKV_STRICT")
     monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LBNHC")
     assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "LBHNC"
 

@@ -109,10 +109,11 @@ def test_the_circle_finder_sees_a_planted_circle():
 #: base: standard library and packaging only (what the flag-off path and the release table need);
 #: machinery: wrapt hooks; patches: the vLLM glue; front: entry points and reports.
 FLOORS = (
-    ("base", {"_version", "errors", "flag", "logs", "layout", "specs", "versions", "releases", "facts", "_pth"}),
+    ("base", {"_version", "errors", "flag", "logs", "layout", "families", "specs", "versions", "releases", "facts",
+              "_pth"}),
     ("machinery", {"registry"}),
     ("patches", {"patches"}),
-    ("front", {"", "__main__", "_startup", "plugin", "status_report", "catalogue"}),
+    ("front", {"", "__main__", "_startup", "plugin", "status_report", "model_report", "catalogue"}),
 )
 
 

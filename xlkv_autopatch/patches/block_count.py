@@ -26,8 +26,9 @@ How
     over-allocation instead.  An assertion of vLLM's own registration under xlkv's
     block-outermost layout (0.29+: e.g. a view it cannot partition into NIXL regions) is
     re-raised naming the layout, the failed check and the fix.  After registration it
-    logs the regions and descriptors per block once, and a cross-layer worker's NIXL
-    transfers get their descriptor order (transfer_order.py).
+    logs the regions, layout and KV cache groups once (a WARNING where vLLM registered a
+    block-outermost layout as more than one region), and the worker's NIXL transfers get
+    their descriptor order (transfer_order.py), whatever layout it registered.
 vLLM versions
     0.12+ (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
 Removal
@@ -38,7 +39,7 @@ import traceback
 
 from .. import facts, layout
 from ..errors import XlkvRegistrationError
-from ..logs import info_once
+from ..logs import info_once, logger
 from . import _state, transfer_order
 from ._args import bind
 
@@ -143,10 +144,24 @@ def register_wrapper(wrapped, instance, args, kwargs):
                 % _assertion_text(e)) from e
         raise
     cross = _state.is_cross_layer(instance)
-    if cross:
-        transfer_order.attach(instance)
-    info_once("registered", "NIXL registration: %s region(s), %s blocks, %s layout, block lengths %s",
-              getattr(instance, "num_regions", None), getattr(instance, "num_blocks", None),
-              "cross-layer" if cross else "per-layer (stock)",
+    transfer_order.attach(instance)  # every layout: per-layer regions merge their runs too
+    groups = kv_cache_groups(instance)
+    info_once("registered", "NIXL registration: %s region(s), %s blocks, %s layout, %s KV cache group(s), block "
+              "lengths %s", getattr(instance, "num_regions", None), getattr(instance, "num_blocks", None),
+              "cross-layer" if cross else "per-layer (stock)", groups if groups is not None else "?",
               sorted(set(getattr(instance, "block_len_per_layer", []) or []))[:4])
+    regions = getattr(instance, "num_regions", None)
+    if cross and f.kv_cache_layouts and isinstance(regions, int) and regions > 1:
+        # a whole-row layout that vLLM still registered per layer: correct bytes, no gain
+        logger.warning("xlkv_autopatch: vLLM registered the block-outermost KV cache as %d NIXL regions (%s KV cache "
+                       "group(s)), not one whole-row region: each block still costs %d descriptors. The bytes are "
+                       "vLLM's own; set VLLM_KV_CACHE_LAYOUT=LBHNC to keep the stock layout's descriptor merging",
+                       regions, groups if groups is not None else "?", regions)
     return result
+
+
+def kv_cache_groups(worker):
+    """How many KV cache groups this worker's engine has (None where the worker does not say)."""
+    config = getattr(worker, "kv_cache_config", None) or getattr(worker, "_kv_cache_config", None)
+    groups = getattr(config, "kv_cache_groups", None)
+    return len(groups) if isinstance(groups, (list, tuple)) else None

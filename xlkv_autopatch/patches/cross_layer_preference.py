@@ -30,7 +30,7 @@ import sys
 
 from .. import facts, layout
 from ..logs import info_once
-from . import _state
+from . import _model, _state
 from ._config import spec_names
 from ._fallback import fallback
 
@@ -62,10 +62,11 @@ class _OptInView:
 
 
 def _extra_guards(connector):
-    """Exclusions upstream's property leaves to other layers: MLA, host buffer."""
-    cfg = connector._vllm_config
-    if cfg.model_config is not None and cfg.model_config.use_mla:
-        return layout.Decision(False, "MLA models keep the stock layout")
+    """Exclusions upstream's property leaves to other layers: the model's family (MLA,
+    sparse MLA, Mamba: families.decide), host buffer."""
+    model = _model.decision(connector._vllm_config)
+    if model is not None and not model.cross_layer:
+        return layout.Decision(False, model.reason)
     worker = getattr(connector, "connector_worker", None)
     if worker is not None and getattr(worker, "use_host_buffer", False):
         return layout.Decision(False, "host-buffer mode (kv_buffer_device=cpu) copies per layer")
@@ -117,17 +118,20 @@ def _backport_decision(connector):
         return None
     module = sys.modules[type(connector).__module__]
     _, has_mamba, groups = spec_names(getattr(connector, "_kv_cache_config", None))
-    return layout.cross_layer_decision(
+    decision = layout.cross_layer_decision(
         backend=worker.backend_name,
         kv_layout=module.get_kv_cache_layout(),
         allowed_backends=facts.current().cross_layer_backends,
-        use_mla=worker.use_mla,
         has_mamba=has_mamba,
         num_kv_groups=groups or 1,
         host_buffer=getattr(worker, "use_host_buffer", False),
         explicit_opt_in=(connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
         env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"),
     )
+    model = _model.decision(connector._vllm_config)
+    if decision.use and model is not None and not model.cross_layer:
+        return layout.Decision(False, model.reason)
+    return decision
 
 
 def _backport_result(connector):

@@ -9,19 +9,23 @@ Why
     region: one descriptor per block.
 How
     The classmethod is wrapped on the class that defines it (NixlBaseConnector, inherited
-    by the pull/push connectors and the ``NixlConnector`` alias): when the original asks
-    for a layout (non-MLA models) the wrapper asks for ``BLNHC`` instead.  vLLM still
-    validates the preference against the attention backends' supported layouts and falls
-    back (with its own warning) where it is not allowed, e.g. FlashInfer on SM100; the
-    hash patch then publishes the stock hash, since the layout really is stock.  An
-    explicit ``VLLM_KV_CACHE_LAYOUT`` always wins (vLLM never asks the connector then);
-    the wrapper logs that once.  MLA models (NixlConnector asks for no layout), host-buffer
-    mode, hybrid models, one KV head per tensor-parallel rank (vLLM registers a block-outermost
-    layout as one region per layer then: as many descriptors as stock, and consecutive blocks
-    no longer merge) and a kernel block smaller than the KV block (vLLM's own
-    ``select_common_block_size`` for the engine's attention backends; vLLM cannot register
-    such a block-outermost layout) keep the stock layout with one WARNING (XLKV_STRICT=1: an
-    error).
+    by the pull/push connectors and the ``NixlConnector`` alias).  The model's family decides
+    first (:func:`xlkv_autopatch.families.decide`, one rule for every patch and for ``status
+    --model``): dense models, sliding-window + full hybrids (every KV cache group shares one
+    whole-row region) and MLA models (NixlConnector asks for no layout for them; under a
+    block-outermost layout vLLM registers each block's packed latent row as one region) get
+    ``BLNHC``; sparse-indexer MLA (DeepSeek-V3.2 / GLM-5), Mamba hybrids, MLA with pipeline
+    parallel > 1 and one KV head per tensor-parallel rank (vLLM registers a block-outermost
+    layout as one region per layer then: as many descriptors per block as the stock layout,
+    and consecutive blocks no longer merge) keep what NixlConnector asked for, with one
+    WARNING naming the family (XLKV_STRICT=1: an error).  Then host-buffer mode and a kernel
+    block smaller than the KV block (vLLM's own ``select_common_block_size`` for the engine's
+    attention backends; vLLM cannot register such a block-outermost layout) keep the stock
+    layout the same way.  vLLM still validates the preference against the attention
+    backends' supported layouts and falls back (with its own warning) where it is not
+    allowed, e.g. FlashInfer on SM100; the hash patch then publishes the stock hash, since
+    the layout really is stock.  An explicit ``VLLM_KV_CACHE_LAYOUT`` always wins (vLLM never
+    asks the connector then); the wrapper logs that once.
 vLLM versions
     0.29+.
 Removal
@@ -32,37 +36,21 @@ import os
 
 from .. import layout
 from ..logs import info_once
-from . import _state
+from . import _model, _state
 from ._args import bind
 from ._fallback import fallback
 
 
 def _exclusion(vllm_config):
-    """Configurations that keep the stock layout (host-buffer copies, hybrid models)."""
+    """Engine settings that keep the stock layout whatever the model (host-buffer copies, a
+    kernel block smaller than the KV block)."""
     kvt = getattr(vllm_config, "kv_transfer_config", None)
     if getattr(kvt, "kv_buffer_device", None) == "cpu":
         from vllm.platforms import current_platform
 
         if current_platform.device_type != "cpu":
             return "host-buffer mode (kv_buffer_device=cpu) copies per layer"
-    model = getattr(vllm_config, "model_config", None)
-    if model is not None and getattr(model, "is_hybrid", False):
-        return "hybrid (Mamba/SSM + attention) models keep the stock layout"
-    gain = layout.block_outermost_gain(_kv_heads_per_rank(vllm_config))
-    if not gain.use:
-        return gain.reason
     return _kernel_split(vllm_config)
-
-
-def _kv_heads_per_rank(vllm_config):
-    """KV heads each tensor-parallel rank holds (vLLM's own ModelConfig.get_num_kv_heads)."""
-    model = getattr(vllm_config, "model_config", None)
-    parallel = getattr(vllm_config, "parallel_config", None)
-    try:
-        heads = model.get_num_kv_heads(parallel)
-    except Exception:
-        return None
-    return heads if isinstance(heads, int) else None
 
 
 def _kernel_split(vllm_config):
@@ -87,12 +75,14 @@ def _kernel_split(vllm_config):
 def layout_wrapper(wrapped, cls, args, kwargs):
     stock = wrapped(*args, **kwargs)
     (vllm_config,) = bind(args, kwargs, "vllm_config")
-    model = getattr(vllm_config, "model_config", None)
-    if stock is None and getattr(model, "use_mla", False):
-        # NixlConnector asks for no layout for MLA (one latent cache per layer): the stock layout
-        fallback("mla", "MLA models keep the stock layout (NixlConnector requests no KV cache layout for them)")
+    model = _model.decision(vllm_config)
+    if model is None:  # vLLM warns itself ("Unable to detect current VLLM config")
+        _state.note_stock_reason("no model config: NixlConnector requests no KV cache layout")
         return stock
-    excluded = _exclusion(vllm_config) if stock is not None else None
+    if not model.cross_layer:
+        fallback(model.family, model.reason)
+        return stock
+    excluded = _exclusion(vllm_config)
     if excluded:
         fallback(excluded, excluded)
         return stock
@@ -101,6 +91,6 @@ def layout_wrapper(wrapped, cls, args, kwargs):
         _state.note_stock_reason(decision.reason)
         info_once("layout:" + decision.reason, "keeping KV cache layout %s: %s", stock, decision.reason)
         return stock
-    info_once("layout", "%s requests KV cache layout %s instead of %s (%s)", getattr(cls, "__name__", cls),
-              layout.BLOCK_OUTERMOST_LAYOUT, stock, decision.reason)
+    info_once("layout", "%s requests KV cache layout %s (%s; %s)", getattr(cls, "__name__", cls),
+              layout.BLOCK_OUTERMOST_LAYOUT, model.reason, decision.reason)
     return layout.BLOCK_OUTERMOST_LAYOUT

@@ -26,6 +26,7 @@ Removal
 import os
 
 from ..logs import info_once
+from . import _model
 from ._config import uses_nixl
 from ._fallback import fallback
 
@@ -45,8 +46,8 @@ def runner_wrapper(wrapped, config, args, kwargs):
     result = wrapped(*args, **kwargs)
     if not result or not uses_nixl(getattr(config, "kv_transfer_config", None)):
         return result
-    model = getattr(config, "model_config", None)
-    if model is None or getattr(model, "use_mla", False):
+    model = _model.decision(config)
+    if model is None or not model.cross_layer:  # the stock layout: V2 loses nothing
         return result
     if os.environ.get(ENV, "").strip():
         fallback("runner-env", "%s=%s selects Model Runner V2, which ignores cross-layer KV blocks"

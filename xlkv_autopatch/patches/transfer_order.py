@@ -1,26 +1,31 @@
-"""NIXL transfers of a cross-layer worker: descriptor pairs in ascending local order.
+"""NIXL transfers of a worker under ENABLE_XLKV: descriptor pairs in ascending local order.
 
 Why
-    With one descriptor per block (the cross-layer layout) a request's transfer can still
-    cost one NIXL descriptor per block: NIXL merges consecutive descriptors only where the
-    local *and* the remote address continue the previous one in list order, and vLLM lists
-    a request's blocks in allocation order, which its free queue makes descending once
-    requests have come and gone (blocks are freed in reverse).  On 2xH200 with vLLM 0.26
-    D's KV metrics showed 280-417 descriptors per 640-block transfer under load.
+    NIXL merges consecutive descriptors of one transfer into one only where the local *and*
+    the remote address continue the previous one in list order, and vLLM lists a request's
+    blocks in allocation order, which its free queue makes descending once requests have come
+    and gone (blocks are freed in reverse).  With one descriptor per block (the cross-layer
+    layout) a request's transfer can still cost one NIXL descriptor per block: on 2xH200 with
+    vLLM 0.26 D's KV metrics showed 280-417 descriptors per 640-block transfer under load.
+    Workers that keep vLLM's per-layer regions (sparse-indexer MLA, Mamba hybrids, one KV
+    head per rank on 0.29+, every fallback) pay it once per region: 8 descending blocks of a
+    4-layer model are 32 descriptors where ascending ones merge to 4.
 How
-    After ``register_kv_caches`` chose the cross-layer layout (block_count.py calls
-    :func:`attach`), the worker's own NIXL agent object gets a wrapper on its
-    ``make_prepped_xfer``: the (local, remote) descriptor-id pairs are permuted together
-    into ascending local order (:func:`xlkv_autopatch.layout.ascending_order`) and the
-    original is called.  Pairs are independent copies, so the same bytes move; runs that
-    are contiguous in the same direction on both sides become one descriptor.  READ (pull)
-    and WRITE (push, 0.24+) go through the same call; heterogeneous TP, prefix-cache hits
-    and several KV groups only change which pairs vLLM lists, never their meaning.  Only
-    this worker's agent is wrapped (not NIXL's class); a worker that kept the stock layout,
-    a call with ``skip_desc_merge=True``, and ``XLKV_COALESCE=false`` are left as vLLM makes
-    them.
+    After ``register_kv_caches`` (block_count.py calls :func:`attach` for every worker of an
+    engine with ENABLE_XLKV, whatever layout it registered), the worker's own NIXL agent
+    object gets a wrapper on its ``make_prepped_xfer``: the (local, remote) descriptor-id
+    pairs are permuted together into ascending local order
+    (:func:`xlkv_autopatch.layout.ascending_order`) and the original is called.  Pairs are
+    independent copies, so the same bytes move; runs that are contiguous in the same
+    direction on both sides become one descriptor.  vLLM numbers a per-layer descriptor
+    ``region * blocks + block``, so ascending local order is region by region, blocks
+    ascending inside each: every region's runs merge.  READ (pull) and WRITE (push, 0.24+) go
+    through the same call; heterogeneous TP, prefix-cache hits and several KV groups only
+    change which pairs vLLM lists, never their meaning.  Only this worker's agent is wrapped
+    (not NIXL's class); a call with ``skip_desc_merge=True`` and ``XLKV_COALESCE=false`` are
+    left as vLLM makes them.
 vLLM versions
-    0.12+ (every release where the shim lays out cross-layer blocks).
+    0.12+.
 Removal
     When vLLM (or NIXL) orders a transfer's descriptors itself before merging.
 """
@@ -79,7 +84,7 @@ def reorder(args, kwargs):
 
 
 def attach(worker):
-    """Wrap ``worker.nixl_wrapper.make_prepped_xfer`` (once); called for cross-layer workers."""
+    """Wrap ``worker.nixl_wrapper.make_prepped_xfer`` (once); called for every worker under the flag."""
     agent = getattr(worker, "nixl_wrapper", None)
     original = getattr(agent, "make_prepped_xfer", None)
     if original is None or getattr(original, MARK, False):
@@ -101,6 +106,5 @@ def attach(worker):
 
     setattr(make_prepped_xfer, MARK, True)
     agent.make_prepped_xfer = make_prepped_xfer
-    info_once("transfer_order", "NIXL transfers of the cross-layer layout list their descriptor pairs in "
-                                "ascending local order, so runs contiguous on both sides merge (%s=false turns "
-                                "this off)", KNOB)
+    info_once("transfer_order", "NIXL transfers list their descriptor pairs in ascending local order, so runs "
+                                "contiguous on both sides merge (%s=false turns this off)", KNOB)

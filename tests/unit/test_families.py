@@ -1,0 +1,98 @@
+"""Model families (xlkv_autopatch.families): one decision per model, pure Python, no vLLM."""
+
+import pytest
+
+from xlkv_autopatch import families as FM
+
+#: config.json fields of the real architectures (transformers configs), trimmed to what matters
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", num_hidden_layers=61, kv_lora_rank=512, qk_rope_head_dim=64)
+DEEPSEEK_V32 = dict(DEEPSEEK_V3, model_type="deepseek_v32", index_topk=2048)
+GPT_OSS = dict(model_type="gpt_oss", num_hidden_layers=36, sliding_window=128,
+               layer_types=["sliding_attention", "full_attention"] * 18, num_key_value_heads=8)
+GEMMA3_27B = dict(model_type="gemma3_text", num_hidden_layers=62, sliding_window=1024,
+                  layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 10 + ["sliding_attention"] * 2)
+GEMMA3_OLD = dict(model_type="gemma3_text", num_hidden_layers=12, sliding_window=512, sliding_window_pattern=6)
+MISTRAL_ALL_SLIDING = dict(model_type="mistral", num_hidden_layers=32, sliding_window=4096)
+QWEN3 = dict(model_type="qwen3", num_hidden_layers=28, num_key_value_heads=8)
+
+
+def facts(cfg, *, use_mla=False, mamba=False, heads=2, pp=1, backends=()):
+    return FM.facts_from_config(cfg.get, use_mla=use_mla, mamba=mamba, kv_heads_per_rank=heads, pp_size=pp,
+                                backends=backends)
+
+
+@pytest.mark.parametrize("cfg, kw, family", [
+    (QWEN3, {}, FM.DENSE),
+    (QWEN3, dict(heads=1), FM.ONE_KV_HEAD),
+    (DEEPSEEK_V3, dict(use_mla=True, heads=1), FM.MLA),
+    (DEEPSEEK_V32, dict(use_mla=True, heads=1), FM.SPARSE_MLA),
+    (DEEPSEEK_V3, dict(use_mla=True, heads=1, backends=["FLASHMLA_SPARSE"]), FM.SPARSE_MLA),
+    (GPT_OSS, {}, FM.SLIDING_WINDOW),
+    (GEMMA3_27B, {}, FM.SLIDING_WINDOW),
+    (GEMMA3_OLD, {}, FM.SLIDING_WINDOW),
+    (MISTRAL_ALL_SLIDING, {}, FM.DENSE),  # every layer slides: one KV cache group
+    (QWEN3, dict(mamba=True), FM.MAMBA_HYBRID),
+    (DEEPSEEK_V3, dict(use_mla=True, mamba=True), FM.MAMBA_HYBRID),  # Kimi Linear: MLA + KDA
+])
+def test_family_from_config(cfg, kw, family):
+    assert FM.family(facts(cfg, **kw)) == family
+
+
+@pytest.mark.parametrize("family_facts, layouts, cross, words", [
+    # vLLM 0.29+: block-outermost layouts
+    (facts(QWEN3), True, True, "one whole-row region"),
+    (facts(DEEPSEEK_V3, use_mla=True, heads=1), True, True, "packed latent row"),
+    (facts(GPT_OSS), True, True, "1 descriptor per block id"),
+    (facts(DEEPSEEK_V32, use_mla=True, heads=1), True, False, "#55431"),
+    (facts(QWEN3, mamba=True), True, False, "Mamba"),
+    (facts(QWEN3, heads=1), True, False, "one KV head"),
+    (facts(DEEPSEEK_V3, use_mla=True, heads=1, pp=2), True, False, "pipeline parallel size 2"),
+    # vLLM 0.12-0.28: cross-layer blocks
+    (facts(QWEN3), False, True, "cross-layer"),
+    (facts(QWEN3, heads=1), False, True, "cross-layer"),  # one cross-layer tensor: 1 region whatever the heads
+    (facts(DEEPSEEK_V3, use_mla=True, heads=1), False, False, "MLA"),
+    (facts(GPT_OSS), False, True, "one KV cache group"),  # decided by the real group count at allocation
+    (facts(DEEPSEEK_V32, use_mla=True, heads=1), False, False, "sparse indexer"),
+])
+def test_decide(family_facts, layouts, cross, words):
+    d = FM.decide(family_facts, block_outermost_layouts=layouts)
+    assert d.cross_layer is cross
+    assert words in d.reason
+    assert d.reason.startswith(FM.TITLES[d.family])
+
+
+def test_every_family_has_a_title_and_a_decision():
+    assert set(FM.TITLES) == set(FM.FAMILIES)
+    for layouts in (False, True):
+        for fam_facts in (facts(QWEN3), facts(QWEN3, heads=1), facts(GPT_OSS), facts(DEEPSEEK_V3, use_mla=True),
+                          facts(DEEPSEEK_V32, use_mla=True), facts(QWEN3, mamba=True)):
+            d = FM.decide(fam_facts, block_outermost_layouts=layouts)
+            assert d.family in FM.FAMILIES and d.reason
+
+
+def test_group_layers_and_expected_descriptors():
+    # gpt-oss-120b: 18 sliding + 18 full layers, two groups of 18: 18 per block id stock, 1 with the shim
+    g = facts(GPT_OSS)
+    assert g.group_layers == 18
+    d = FM.decide(g, block_outermost_layouts=True)
+    assert FM.expected_descriptors(g, d, kv_split=False) == (18, 1)
+    assert FM.expected_descriptors(g, d, kv_split=True) == (36, 1)
+    # Gemma-3-27B: 52 sliding + 10 full: groups of 10
+    assert facts(GEMMA3_27B).group_layers == 10
+    assert facts(GEMMA3_OLD).group_layers == 2
+    # DeepSeek-V3: 61 latent caches per block, never split into K and V
+    m = facts(DEEPSEEK_V3, use_mla=True, heads=1)
+    assert FM.expected_descriptors(m, FM.decide(m, block_outermost_layouts=True), kv_split=True) == (61, 1)
+    assert FM.expected_descriptors(m, FM.decide(m, block_outermost_layouts=False), kv_split=True) == (61, 61)
+    # one KV head per rank on 0.29+: stock count either way
+    o = facts(QWEN3, heads=1)
+    assert FM.expected_descriptors(o, FM.decide(o, block_outermost_layouts=True), kv_split=False) == (28, 28)
+    assert FM.expected_descriptors(FM.ModelFacts(), FM.decide(FM.ModelFacts(), block_outermost_layouts=True),
+                                   kv_split=False) == (None, 1)
+
+
+def test_sliding_and_full():
+    assert FM.sliding_and_full(("sliding_attention", "full_attention"), 128)
+    assert not FM.sliding_and_full(("sliding_attention", "sliding_attention"), 128)  # all slide: one group
+    assert not FM.sliding_and_full(("full_attention",), None)
+    assert not FM.sliding_and_full((), 4096)

@@ -1,0 +1,110 @@
+"""``python -m xlkv_autopatch status --model DIR``: what the shim will do for one model on the
+installed vLLM, before anything is served.
+
+The facts come from vLLM's own ``ModelConfig`` for the folder where vLLM can build one (MLA and
+Mamba exactly as the engine classifies the model), else from ``config.json`` alone (said so in
+the output); the decision is :func:`xlkv_autopatch.families.decide`, the function every patch
+asks at run time.
+"""
+
+import json
+import os
+
+from . import facts, families
+
+#: model types whose layers include Mamba / linear attention (used only when vLLM cannot load
+#: the config: vLLM's own ``is_hybrid`` decides otherwise)
+HYBRID_MODEL_TYPES = ("bamba", "falcon_h1", "granitemoehybrid", "jamba", "kimi_linear", "lfm2", "mamba", "mamba2",
+                      "minimax_m1", "nemotron_h", "plamo2", "qwen3_next", "zamba2")
+HYBRID_LAYER_MARKS = ("mamba", "linear_attention", "conv")
+
+
+def _read_config(path):
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    text = cfg.get("text_config")
+    if isinstance(text, dict):  # multimodal wrappers keep the language model's fields here
+        cfg = dict(cfg, **text)
+    return cfg
+
+
+def _from_vllm(path):
+    """(use_mla, is_hybrid, total KV heads, hf_text_config) from vLLM's ModelConfig, or raise."""
+    from vllm.config import ModelConfig
+
+    model = ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True)
+    return (bool(model.use_mla), bool(model.is_hybrid), model.get_total_num_kv_heads(),
+            getattr(model, "hf_text_config", None) or model.hf_config)
+
+
+def _from_json(cfg):
+    layer_types = [str(t) for t in cfg.get("layer_types") or ()]
+    hybrid = cfg.get("model_type") in HYBRID_MODEL_TYPES or any(
+        mark in t for t in layer_types for mark in HYBRID_LAYER_MARKS)
+    use_mla = cfg.get("kv_lora_rank") is not None and os.environ.get("VLLM_MLA_DISABLE", "0") in ("", "0")
+    heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+    return use_mla, hybrid, heads
+
+
+def collect(path, *, tp=1, pp=1, use_vllm=True):
+    """The decision for the model in folder ``path`` at tensor/pipeline parallel sizes tp/pp."""
+    out = {"dir": path, "tp": tp, "pp": pp, "notes": []}
+    try:
+        cfg = _read_config(path)
+    except (OSError, ValueError) as e:
+        out["error"] = "cannot read %s: %s" % (os.path.join(path, "config.json"), e)
+        return out
+    get = cfg.get
+    source = "config.json"
+    use_mla, hybrid, heads = _from_json(cfg)
+    if use_vllm:
+        try:
+            use_mla, hybrid, heads, hf = _from_vllm(path)
+            get = lambda name: getattr(hf, name, None)  # noqa: E731
+            source = "vLLM's ModelConfig"
+        except Exception as e:  # report, never crash status
+            out["notes"].append("vLLM could not load the config (%s: %s); read from config.json alone"
+                                % (type(e).__name__, str(e).splitlines()[0][:200] if str(e) else ""))
+    per_rank = max(1, heads // tp) if isinstance(heads, int) and heads > 0 else None
+    fam_facts = families.facts_from_config(get, use_mla=use_mla, mamba=hybrid, kv_heads_per_rank=per_rank,
+                                           pp_size=pp, source=source)
+    release = facts.current()
+    decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts)
+    stock, xlkv = families.expected_descriptors(fam_facts, decision, kv_split=release.kv_split_regions)
+    out.update({
+        "source": source,
+        "family": decision.family,
+        "title": decision.title,
+        "cross_layer": decision.cross_layer,
+        "reason": decision.reason,
+        "layout": ("BLNHC" if release.kv_cache_layouts else "one cross-layer KV tensor") if decision.cross_layer
+        else "stock",
+        "kv_heads_per_rank": per_rank,
+        "attention_layers_per_block_id": fam_facts.group_layers,
+        "descriptors_per_block": {"stock": stock, "xlkv": xlkv},
+    })
+    return out
+
+
+def problems(info, strict):
+    """Start-up refusals this model causes: with XLKV_STRICT=1 a stock family is an error."""
+    if info.get("error"):
+        return [info["error"]]
+    if strict and not info["cross_layer"]:
+        return ["XLKV_STRICT=1 and this model keeps the stock layout (%s): vLLM stops at start-up. Fix: unset "
+                "XLKV_STRICT to serve it with the stock layout" % info["reason"]]
+    return []
+
+
+def render(info):
+    if info.get("error"):
+        return ["model %s: %s" % (info["dir"], info["error"])]
+    d = info["descriptors_per_block"]
+    count = lambda n: "?" if n is None else str(n)  # noqa: E731
+    lines = ["model %s (TP %d, PP %d; facts from %s): %s" % (info["dir"], info["tp"], info["pp"], info["source"],
+                                                              info["title"]),
+             "  with ENABLE_XLKV=true: %s -- %s" % (info["layout"], info["reason"]),
+             "  NIXL descriptors per block id (one KV cache group, before NIXL merges neighbours): stock %s, "
+             "xlkv %s" % (count(d["stock"]), count(d["xlkv"]))]
+    lines += ["  NOTE: %s" % n for n in info["notes"]]
+    return lines

@@ -1,0 +1,54 @@
+"""The engine's model facts, gathered from vLLM objects for :func:`xlkv_autopatch.families.decide`.
+
+Every patch that treats model families differently (kv_cache_layout.py on 0.29+,
+cross_layer_preference.py and model_runner.py on 0.12-0.28) calls :func:`decision`, so the
+rule lives in one place (families.py) and ``status --model`` predicts the same answer.
+"""
+
+from .. import facts, families
+
+
+def _backend_names(vllm_config):
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+
+        return [b.get_name() for b in get_current_attn_backends(vllm_config)]
+    except Exception:  # older releases have no such helper; the config decides alone then
+        return []
+
+
+def _kv_heads_per_rank(model, parallel):
+    """KV heads each tensor-parallel rank holds (vLLM's own ModelConfig.get_num_kv_heads)."""
+    try:
+        heads = model.get_num_kv_heads(parallel)
+    except Exception:
+        return None
+    return heads if isinstance(heads, int) else None
+
+
+def model_facts(vllm_config, *, backends=None):
+    """ModelFacts of the engine's model, or None without a model config."""
+    model = getattr(vllm_config, "model_config", None)
+    if model is None:
+        return None
+    parallel = getattr(vllm_config, "parallel_config", None)
+    hf = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
+    use_mla = bool(getattr(model, "use_mla", False))
+    return families.facts_from_config(
+        lambda name: getattr(hf, name, None),
+        use_mla=use_mla,
+        mamba=bool(getattr(model, "is_hybrid", False)),
+        kv_heads_per_rank=_kv_heads_per_rank(model, parallel),
+        pp_size=getattr(parallel, "pipeline_parallel_size", 1) or 1,
+        backends=(backends if backends is not None else (_backend_names(vllm_config) if use_mla else ())),
+    )
+
+
+def decision(vllm_config):
+    """families.decide for this engine on the installed release, or None without a model config."""
+    layouts = facts.current().kv_cache_layouts
+    # the attention backends only tell sparse MLA apart, which matters where MLA can be packed
+    found = model_facts(vllm_config, backends=None if layouts else ())
+    if found is None:
+        return None
+    return families.decide(found, block_outermost_layouts=layouts)
