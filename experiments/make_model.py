@@ -12,7 +12,8 @@ override it):
                one KV block of 16 tokens is 16 * 8 * (512 + 64) * 2 B = 144 KiB
   gemma3       sliding-window hybrid (Gemma3ForCausalLM, Gemma-3-4B-like widths): 12 layers,
                5:1 sliding:full via layer_types (layers 5 and 11 full), sliding_window 256,
-               4 KV heads, head_dim 256: prompts of 1000 and 4097 tokens exceed the window
+               4 KV heads, head_dim 256: prompts of 1000 and 4097 tokens exceed the window;
+               output head untied (a tied random head repeats the last prompt token)
   mqa          Qwen3-0.6B with one KV head
 
 
@@ -89,13 +90,17 @@ ARCHS = {
         max_position_embeddings=40960, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
         tie_word_embeddings=False, attention_bias=False),
         layers="num_hidden_layers", kv_heads=None, head_dim=None, dense_replace="first_k_dense_replace"),
-    # Gemma 3 (text): Gemma-3-4B's widths, 12 layers, 5 sliding : 1 full, window 256
+    # Gemma 3 (text): Gemma-3-4B's widths, 12 layers, 5 sliding : 1 full, window 256.  The output
+    # head is untied (Gemma ties it to the embedding): with random weights a tied head makes the
+    # model repeat the last prompt token whatever the context (model_check.py, 3 and 6 layers:
+    # 1 distinct id in 16, no position changes with the context; untied: every one varies).  The
+    # KV cache does not depend on it.
     "gemma3": dict(config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
         hidden_size=2560, intermediate_size=10240, num_hidden_layers=12, num_attention_heads=8,
         num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=256,
         sliding_window_pattern=6, max_position_embeddings=40960, rope_theta=1000000.0,
         rope_local_base_freq=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
-        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True,
+        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=False,
         attention_bias=False),
         layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=6),
 }

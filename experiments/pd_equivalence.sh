@@ -15,9 +15,9 @@
 #     kernels identical to the baseline's (max |difference| = 0); with vLLM's default kernels
 #     no P/D config's max difference exceeds stock P/D's (+ EQ_LOGPROB_TOL, default 0);
 #   - every P/D answer moved KV;
-#   - the shim's transfers use <= 2 descriptors per KV block (<= 1 on FLASH_ATTN), measured on
-#     a single-request probe of PROBE_LEN tokens from D's Prometheus counters (or its "KV
-#     Transfer metrics" log lines);
+#   - the shim's transfers use <= 2 descriptors per KV block (id) (<= 1 on FLASH_ATTN and for
+#     MLA), measured on a single-request probe of PROBE_LEN tokens from D's Prometheus counters
+#     (or its "KV Transfer metrics" log lines), blocks from the bytes per block id D registered;
 #   - every negative control asked for is detected (below).
 #
 # Negative controls: EQ_NEGATIVE_CONTROL="stock,shim" adds the configs nc-stock and nc-shim: the

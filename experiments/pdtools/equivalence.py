@@ -15,7 +15,8 @@ What the summary decides:
   still match.  With vLLM's default kernels each P/D config's max difference from the
   baseline must not exceed stock P/D's (the shim may not be worse than vLLM itself);
 * transfers: every P/D answer moved KV (at least one block pulled by D for that request);
-* descriptors: the shim's probe needs <= 1 (FLASH_ATTN) or 2 descriptors per block;
+* descriptors: the shim's probe needs <= 1 (FLASH_ATTN, MLA) or 2 descriptors per block (id),
+  blocks counted from the bytes per block id D registered (kvmetrics);
 * negative controls (``nc-<config>`` runs, D corrupts the KV it received): each must be
   told apart from the baseline (ids or logprobs differ beyond what the real config shows).
 

@@ -64,7 +64,7 @@ ARCH_EXPECT = {  # what vLLM is handed for each family (config.json)
                         kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                         q_lora_rank=None, first_k_dense_replace=8),
     "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=12,
-                   sliding_window=256, num_key_value_heads=4, head_dim=256),
+                   sliding_window=256, num_key_value_heads=4, head_dim=256, tie_word_embeddings=False),
 }
 FAMILY = {"qwen3": "dense", "mqa": "dense", "deepseek_v2": "mla", "gemma3": "sliding-hybrid"}
 
