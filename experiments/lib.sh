@@ -7,7 +7,12 @@
 # P/D proxy (pd_proxy.py), and stops all of them on exit (trap).  Settings (env vars):
 #
 #   SITE=/tmp/site          where the staged vLLM bundle lives (added to PYTHONPATH)
-#   MODEL=<dir>             model to serve; default: generated into /tmp/xlkv-model
+#   MODEL=<dir>             model to serve; default: generated into /tmp/xlkv-model (MODEL_ARCH=qwen3)
+#                           or /tmp/xlkv-model-<arch>
+#   MODEL_ARCH=qwen3        family of the generated model (make_model.py --arch: qwen3,
+#                           deepseek_v2, gemma3, mqa); ignored when MODEL is given
+#   REG_REPORT=1            D writes its registration report (negative_control/ hook on D's
+#                           PYTHONPATH, XLKV_REGISTRATION_REPORT): bytes per block id; 0: off
 #   WORK=/tmp/xlkv-exp      logs and intermediate files of a run
 #   TP_P=1 TP_D=1           tensor-parallel size of P and D
 #   GPU_MEM_UTIL=0.3        --gpu-memory-utilization when P and D have their own GPUs
@@ -37,6 +42,7 @@ REPO_DIR=$(cd "$EXP_DIR/.." && pwd)
 : "${BLOCK_SIZE:=16}" "${MAX_MODEL_LEN:=16384}"
 : "${READY_TIMEOUT:=600}" "${STOP_TIMEOUT:=30}"
 : "${SERVE_EXTRA_ARGS:=}"
+: "${MODEL_ARCH:=qwen3}" "${REG_REPORT:=1}"
 : "${XLKV_ACTIVE_RE:=xlkv_autopatch: .* is active}"
 mkdir -p "$WORK"
 
@@ -354,7 +360,18 @@ start_server() {
   # Releases before 0.29 need the HND layout for NIXL (and for the cross-layer path).
   if version_lt "$VLLM_VERSION" 0.29; then envs+=(VLLM_KV_CACHE_LAYOUT="${KV_LAYOUT:-HND}"); fi
   envs+=("${CFG_ENV[@]}")
-  case "$name" in D*) envs+=("${CFG_D_ENV[@]}") ;; esac
+  case "$name" in D*)
+    envs+=("${CFG_D_ENV[@]}")
+    # the registration report (every config, stock too): the negative-control folder's import
+    # hook on D's PYTHONPATH (nc-* configs have it there already) reads what vLLM registered
+    D_REG_REPORT=""
+    if [ "$REG_REPORT" = 1 ]; then
+      D_REG_REPORT="${logf%.log}-registration.json"
+      rm -f "$D_REG_REPORT"
+      case " ${CFG_D_ENV[*]} " in *" PYTHONPATH=$NC_DIR:"*) ;; *) envs+=(PYTHONPATH="$NC_DIR:$PYTHONPATH") ;; esac
+      envs+=(XLKV_REGISTRATION_REPORT="$D_REG_REPORT")
+    fi ;;
+  esac
   local -a cmd=("$PY" -m vllm.entrypoints.cli.main serve "$MODEL" --host 127.0.0.1 --port "$port"
     --enforce-eager --block-size "$BLOCK_SIZE" --gpu-memory-utilization "$MEM_UTIL"
     --max-model-len "$MAX_MODEL_LEN" --kv-transfer-config "$kvcfg")
@@ -496,19 +513,50 @@ install_traps() {
 }
 
 # ---------------------------------------------------------------- model -----------------------
-# Uses $MODEL when given; otherwise generates the Qwen3-0.6B-shaped random model once.
+# model_dir_for ARCH: where the generated model of a family lives (qwen3: the old place)
+model_dir_for() { if [ "$1" = qwen3 ]; then echo /tmp/xlkv-model; else echo "/tmp/xlkv-model-$1"; fi; }
+
+# Uses $MODEL when given; otherwise generates the random model of MODEL_ARCH once.
+# Sets MODEL_FAMILY (dense, mla, sliding-hybrid: pdtools model-family) and BYTES_PER_BLOCK (the
+# dense K/V formula; 0 for a non-dense model, whose bytes per block id come from D's
+# registration report only: use_registration below).
 ensure_model() {
   if [ -n "${MODEL:-}" ]; then
     [ -f "$MODEL/config.json" ] || die "$EXIT_SETUP" "MODEL=$MODEL has no config.json"
   else
-    MODEL=/tmp/xlkv-model
+    MODEL=$(model_dir_for "$MODEL_ARCH")
     # make_model.py returns at once when $MODEL holds a model made with the same settings
     # (its .complete marker), and rewrites one made otherwise (e.g. before --init varied)
-    PYTHONPATH="" "$PY" "$EXP_DIR/make_model.py" "$MODEL" >&2 || die "$EXIT_SETUP" "make_model.py failed"
+    PYTHONPATH="" "$PY" "$EXP_DIR/make_model.py" "$MODEL" --arch "$MODEL_ARCH" >&2 || die "$EXIT_SETUP" "make_model.py failed"
   fi
   export MODEL
+  MODEL_FAMILY=$(pdtools model-family "$MODEL")
   local tp=$((TP_P > TP_D ? TP_P : TP_D))
-  BYTES_PER_BLOCK=$(pdtools block-bytes "$MODEL" --block-size "$BLOCK_SIZE" --tp "$tp")
+  BYTES_PER_BLOCK=$(pdtools block-bytes "$MODEL" --block-size "$BLOCK_SIZE" --tp "$tp" 2>/dev/null)
+  DENSE_BYTES_PER_BLOCK=$BYTES_PER_BLOCK
+  export BYTES_PER_BLOCK MODEL_FAMILY
+  log "model $MODEL ($MODEL_FAMILY)"
+}
+
+# use_registration: after D is ready, BYTES_PER_BLOCK from D's registration report
+# ($D_REG_REPORT, start_server): the bytes one block id moves as vLLM registered them.  Without
+# a report, a dense model keeps the dense formula (said in the log); a non-dense one gets 0
+# (blocks per transfer and descriptors per block then stay unknown, never wrong).
+use_registration() {
+  local bpb=""
+  if [ -n "${D_REG_REPORT:-}" ] && [ -f "$D_REG_REPORT" ]; then
+    bpb=$(pdtools block-bytes-registered "$D_REG_REPORT") || bpb=""
+  fi
+  if [ -n "$bpb" ] && [ "$bpb" != 0 ]; then
+    BYTES_PER_BLOCK=$bpb; BPB_SOURCE=registration
+    log "bytes per block id: $bpb (D's registration report $(basename "$D_REG_REPORT"))"
+  elif [ "${MODEL_FAMILY:-dense}" = dense ] && [ "${DENSE_BYTES_PER_BLOCK:-0}" != 0 ]; then
+    BYTES_PER_BLOCK=$DENSE_BYTES_PER_BLOCK; BPB_SOURCE="dense formula"
+    log "NOTE: no usable registration report from D${D_REG_REPORT:+ ($D_REG_REPORT)}: bytes per block from the dense K/V formula ($BYTES_PER_BLOCK)"
+  else
+    BYTES_PER_BLOCK=0; BPB_SOURCE=none
+    log "WARNING: no usable registration report from D${D_REG_REPORT:+ ($D_REG_REPORT)} for a $MODEL_FAMILY model: blocks per transfer unknown"
+  fi
   export BYTES_PER_BLOCK
 }
 

@@ -1,15 +1,32 @@
 #!/usr/bin/env python3
-"""Write a random-weight causal LM with the Qwen3-0.6B architecture and a word-level tokenizer.
+"""Write a random-weight causal LM of one of a few model families (``--arch``) and a word-level tokenizer.
+
+Families (``ARCHS`` below is the one table of their shapes; ``--layers``/``--kv-heads``/``--head-dim``
+override it):
+
+  qwen3        (default) Qwen3-0.6B: dense GQA, 28 layers, 8 KV heads, head_dim 128 (the model
+               of every earlier run; same config and weights as before ``--arch`` existed)
+  deepseek_v2  MLA, DeepSeek-V2-Lite-like: kv_lora_rank 512, qk_rope_head_dim 64,
+               qk_nope_head_dim 128, v_head_dim 128, q_lora_rank None, 8 layers, every MLP dense
+               (first_k_dense_replace = layers: vLLM builds no MoE layer, so no MoE kernels);
+               one KV block of 16 tokens is 16 * 8 * (512 + 64) * 2 B = 144 KiB
+  gemma3       sliding-window hybrid (Gemma3ForCausalLM, Gemma-3-4B-like widths): 12 layers,
+               5:1 sliding:full via layer_types (layers 5 and 11 full), sliding_window 256,
+               4 KV heads, head_dim 256: prompts of 1000 and 4097 tokens exceed the window;
+               output head untied (a tied random head repeats the last prompt token)
+  mqa          Qwen3-0.6B with one KV head
+
 
 No hub access is needed: the config is spelled out here and the tokenizer is built locally.
 The weights are random (seeded), so the text is meaningless, but every shape that matters
-for KV-cache transfers is the real one: 28 layers, 8 KV heads, head_dim 128, bf16 — one KV
-block of 16 tokens is 16 * 28 * 2 * 8 * 128 * 2 B = 1.75 MiB.
+for KV-cache transfers is the real one (qwen3: 28 layers, 8 KV heads, head_dim 128, bf16 — one
+KV block of 16 tokens is 16 * 28 * 2 * 8 * 128 * 2 B = 1.75 MiB).
 
 Initialisation ("varied", the default): transformers' own init (normal, std 0.02) leaves a
 28-layer random model in a fixed point: greedy decoding repeats one id whatever the prompt, so
 an equivalence check over its outputs could hardly fail.  Here the input projections of every
-layer (q, k, v, gate, up) are drawn with std ``--proj-std`` 0.03 and the output projections
+layer (q, k, v, gate, up; MLA: q, kv_a_proj_with_mqa, kv_b_proj, q_a/q_b when q_lora_rank is set)
+are drawn with std ``--proj-std`` 0.03 and the output projections
 (o_proj, down_proj) with ``--out-std`` 0.01: the residual stream keeps the token and its
 context apart through all 28 layers, and greedy outputs vary with the prompt (model_check.py,
 28 layers, bf16, CPU: 18/27/22/27 distinct ids in 32 outputs at 5/17/100/1000 tokens, against
@@ -21,8 +38,12 @@ depend on the initialisation.
 The tokenizer maps the word ``w<k>`` to id k (k = 2 .. vocab-1), ``<unk>`` = 0, ``<eos>`` = 1,
 splits on whitespace and adds no special tokens, so a prompt of n words is n tokens.
 
-usage: make_model.py OUTDIR [--layers 28] [--kv-heads 8] [--head-dim 128] [--seed 0]
-                     [--init varied|hf] [--proj-std 0.03] [--out-std 0.01] [--force]
+Per family, model_check.py at small size (CPU) shows the outputs depend on the prompt:
+results/cpu-model-init-families.json.
+
+usage: make_model.py OUTDIR [--arch qwen3|deepseek_v2|gemma3|mqa] [--layers N] [--kv-heads N]
+                     [--head-dim N] [--seed 0] [--init varied|hf] [--proj-std 0.03]
+                     [--out-std 0.01] [--force] [--config-only] [--tokenizer-only]
 """
 
 import argparse
@@ -49,6 +70,60 @@ QWEN3_0_6B = dict(
     attention_bias=False,
 )
 
+# The families: transformers config class, model class (vLLM's architecture name), its fields, and which of them --layers, --kv-heads and
+# --head-dim set ("layers"/"kv_heads"/"head_dim": the field name, None where the family has none).
+# One table; issue 35 merges it with the CPU harness's shapes (experiments/cpu/pdharness/model.py).
+ARCHS = {
+    "qwen3": dict(config="Qwen3Config", model="Qwen3ForCausalLM", fields=QWEN3_0_6B,
+                  layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim"),
+    "mqa": dict(config="Qwen3Config", model="Qwen3ForCausalLM", fields=dict(QWEN3_0_6B, num_key_value_heads=1),
+                layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim"),
+    # DeepSeek-V2-Lite (config.json of deepseek-ai/DeepSeek-V2-Lite): its attention and widths, 8
+    # layers, every MLP dense (first_k_dense_replace follows --layers; n_routed_experts stays set:
+    # vLLM's DeepseekV2ForCausalLM builds its expert weight mapping from it); no rope scaling
+    "deepseek_v2": dict(config="DeepseekV2Config", model="DeepseekV2ForCausalLM", fields=dict(
+        hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64,
+        n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=8, moe_layer_freq=1,
+        n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+        max_position_embeddings=40960, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
+        tie_word_embeddings=False, attention_bias=False),
+        layers="num_hidden_layers", kv_heads=None, head_dim=None, dense_replace="first_k_dense_replace"),
+    # Gemma 3 (text): Gemma-3-4B's widths, 12 layers, 5 sliding : 1 full, window 256.  The output
+    # head is untied (Gemma ties it to the embedding): with random weights a tied head makes the
+    # model repeat the last prompt token whatever the context (model_check.py, 3 and 6 layers:
+    # 1 distinct id in 16, no position changes with the context; untied: every one varies).  The
+    # KV cache does not depend on it.
+    "gemma3": dict(config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
+        hidden_size=2560, intermediate_size=10240, num_hidden_layers=12, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=256,
+        sliding_window_pattern=6, max_position_embeddings=40960, rope_theta=1000000.0,
+        rope_local_base_freq=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=False,
+        attention_bias=False),
+        layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=6),
+}
+
+
+def arch_fields(arch, layers=None, kv_heads=None, head_dim=None):
+    """The config fields of ``arch`` with the overrides applied (None: the table's value)."""
+    spec = ARCHS[arch]
+    f = dict(spec["fields"])
+    for opt, val in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+        if val is None:
+            continue
+        if spec[opt] is None:
+            raise SystemExit("--%s does not apply to --arch %s" % (opt.replace("_", "-"), arch))
+        f[spec[opt]] = val
+    n = f["num_hidden_layers"]
+    if spec.get("dense_replace"):      # every layer's MLP dense
+        f[spec["dense_replace"]] = n
+    if spec.get("layer_types"):        # every k-th layer full attention, the others sliding
+        k = spec["layer_types"]
+        f["layer_types"] = ["full_attention" if (i + 1) % k == 0 else "sliding_attention" for i in range(n)]
+    return f
+
 
 def word_vocab(size):
     vocab = {UNK: 0, EOS: 1}
@@ -74,30 +149,51 @@ def write_tokenizer(out, vocab_size, max_len):
         json.dump({"eos_token": EOS, "unk_token": UNK, "pad_token": EOS}, f, indent=1)
 
 
-IN_PROJ = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
+# every family's projection names (transformers' modules): dense q/k/v, MLA's q (or q_a/q_b with a
+# q_lora_rank), kv_a_proj_with_mqa and kv_b_proj, and the MLP's gate/up; outputs o/down
+IN_PROJ = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+           "q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")
 OUT_PROJ = ("o_proj.weight", "down_proj.weight")
 
 
 def reinit_varied(model, seed, proj_std, out_std):
-    """Redraw every layer's projections (see the module docstring); embeddings, norms unchanged."""
+    """Redraw every layer's projections (see the module docstring); embeddings, norms unchanged.
+    Returns the number of tensors redrawn."""
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
+    n = 0
     with torch.no_grad():
         for name, p in model.named_parameters():
             std = proj_std if name.endswith(IN_PROJ) else out_std if name.endswith(OUT_PROJ) else None
             if std is not None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
+                n += 1
+    return n
+
+
+def build_config(args):
+    """The transformers config of ``args.arch`` (with the overrides)."""
+    import transformers
+
+    fields = arch_fields(args.arch, args.layers, args.kv_heads, args.head_dim)
+    return getattr(transformers, ARCHS[args.arch]["config"])(
+        vocab_size=args.vocab, eos_token_id=1, bos_token_id=None, pad_token_id=1, **fields)
+
+
+def not_redrawn(model):
+    """Names of the layers' weight matrices that the varied init would leave at transformers' init
+    (empty for every family: a family whose projection names IN_PROJ/OUT_PROJ miss shows here)."""
+    return [n for n, p in model.named_parameters()
+            if ".layers." in n and p.dim() == 2 and not n.endswith(IN_PROJ + OUT_PROJ)]
 
 
 def build_model(args):
     """The model in memory (bf16), initialised as ``args`` says."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    arch = dict(QWEN3_0_6B, num_hidden_layers=args.layers, num_key_value_heads=args.kv_heads,
-                head_dim=args.head_dim)
-    cfg = Qwen3Config(vocab_size=args.vocab, eos_token_id=1, bos_token_id=None, pad_token_id=1, **arch)
+    cfg = build_config(args)
     torch.manual_seed(args.seed)
     try:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -117,11 +213,13 @@ def write_model(out, args):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="random-weight Qwen3-0.6B-shaped model + word tokenizer")
+    ap = argparse.ArgumentParser(description="random-weight model of a family (--arch) + word tokenizer")
     ap.add_argument("outdir")
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen3",
+                    help="model family (default qwen3: Qwen3-0.6B-shaped, as before --arch existed)")
+    ap.add_argument("--layers", type=int, default=None, help="default: the family's (qwen3 28)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="default: the family's (qwen3 8)")
+    ap.add_argument("--head-dim", type=int, default=None, help="default: the family's (qwen3 128)")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--max-len", type=int, default=40960)
     ap.add_argument("--seed", type=int, default=0)
@@ -130,37 +228,59 @@ def parse_args(argv=None):
     ap.add_argument("--proj-std", type=float, default=0.03, help="varied: std of q/k/v/gate/up")
     ap.add_argument("--out-std", type=float, default=0.01, help="varied: std of o_proj/down_proj")
     ap.add_argument("--tokenizer-only", action="store_true", help="skip the weights (tests)")
+    ap.add_argument("--config-only", action="store_true",
+                    help="tokenizer and config.json, no weights (tests, `xlkv_autopatch status --model`)")
     ap.add_argument("--force", action="store_true", help="rewrite an existing model")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    # the family's values, so that .complete records them (a qwen3 model keeps its old marker)
+    spec, f = ARCHS[a.arch], ARCHS[a.arch]["fields"]
+    for opt in ("layers", "kv_heads", "head_dim"):
+        if getattr(a, opt) is None and spec[opt] is not None:
+            setattr(a, opt, f[spec[opt]])
+    if a.layers is None:
+        a.layers = f["num_hidden_layers"]
+    return a
 
 
 def main(argv=None):
     args = parse_args(argv)
 
     done = os.path.join(args.outdir, ".complete")
-    keys = ["init", "layers", "kv_heads", "head_dim", "vocab", "seed"]
+    keys = ["arch", "init", "layers", "kv_heads", "head_dim", "vocab", "seed"]
     if args.init == "varied":
         keys += ["proj_std", "out_std"]
-    if os.path.exists(done) and not args.force and not args.tokenizer_only:
+    partial = args.tokenizer_only or args.config_only
+    if os.path.exists(done) and not args.force and not partial:
         try:
             have = json.load(open(done))
         except ValueError:
             have = {}
         have.setdefault("init", "hf")  # written before --init existed
+        have.setdefault("arch", "qwen3")  # written before --arch existed
         if all(have.get(k) == getattr(args, k) for k in keys):
             print("model already there: %s (use --force to rewrite)" % args.outdir)
             return 0
         print("model in %s was made with other settings (%s): rewriting" % (args.outdir, have))
     os.makedirs(args.outdir, exist_ok=True)
-    if os.path.exists(done) and not args.tokenizer_only:
+    if os.path.exists(done) and not partial:
         os.remove(done)  # a half-rewritten model must not look finished
     write_tokenizer(args.outdir, args.vocab, args.max_len)
     if args.tokenizer_only:
         print("tokenizer written", args.outdir)
         return 0
+    if args.config_only:
+        if os.path.exists(done):
+            os.remove(done)  # config only: not a finished model
+        cfg = build_config(args)
+        cfg.architectures = [ARCHS[args.arch]["model"]]   # what save_pretrained of the model writes
+        cfg.dtype = "bfloat16"
+        cfg.save_pretrained(args.outdir)
+        print("tokenizer and config written (%s, no weights): %s" % (args.arch, args.outdir))
+        return 0
     n = write_model(args.outdir, args)
     open(done, "w").write(json.dumps(vars(args)))  # marks a finished write (no half models)
-    print("model written: %s (%d layers, %.0fM parameters, init %s)" % (args.outdir, args.layers, n / 1e6, args.init))
+    print("model written: %s (%s, %d layers, %.0fM parameters, init %s)" % (args.outdir, args.arch, args.layers,
+                                                                           n / 1e6, args.init))
     return 0
 
 

@@ -109,12 +109,13 @@ for cfg in $CONFIGS; do
     # P alone (stock settings), the load straight to it, one output token
     require_ports_free "$PORT_P" "$SIDE_P"
     assign_gpus
-    P_LOG="$WORK/bench-$cfg-p.log"; D_LOG=""
+    P_LOG="$WORK/bench-$cfg-p.log"; D_LOG=""; D_REG_REPORT=""
     start_server "P[$cfg]" stock "$PORT_P" "$SIDE_P" "$P_GPUS" "$TP_P" "$P_LOG"
     wait_ready "P[$cfg]" "http://127.0.0.1:$PORT_P/health" "${PIDS[-1]}" "$P_LOG"
     BENCH_URL="http://127.0.0.1:$PORT_P"; BENCH_OUT_LEN=1
   else
     start_pair "$cfg" "bench-$cfg"
+    use_registration   # BYTES_PER_BLOCK: what D registered (lib.sh; the dense formula only without a report)
     BENCH_URL="http://127.0.0.1:$PORT_PROXY"; BENCH_OUT_LEN=$OUTPUT_LEN
   fi
   for L in $INPUT_LENS; do
@@ -159,7 +160,8 @@ for cfg in $CONFIGS; do
       pdtools prom "http://127.0.0.1:$PORT_D/metrics" > "$WORK/bench/$tag.prom1"
       pdtools kv-run --log "$D_LOG" --offset "$off" \
         --prom-before "$WORK/bench/$tag.prom0" --prom-after "$WORK/bench/$tag.prom1" \
-        --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" > "$WORK/bench/$tag.kv.json"
+        --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" \
+        ${D_REG_REPORT:+--registration "$D_REG_REPORT"} > "$WORK/bench/$tag.kv.json"
       res_files+=("$res"); kv_files+=("$WORK/bench/$tag.kv.json"); proxy_files+=("$WORK/bench/$tag.proxy.json")
     done
     [ ${#res_files[@]} -gt 0 ] || continue

@@ -15,9 +15,9 @@
 #     kernels identical to the baseline's (max |difference| = 0); with vLLM's default kernels
 #     no P/D config's max difference exceeds stock P/D's (+ EQ_LOGPROB_TOL, default 0);
 #   - every P/D answer moved KV;
-#   - the shim's transfers use <= 2 descriptors per KV block (<= 1 on FLASH_ATTN), measured on
-#     a single-request probe of PROBE_LEN tokens from D's Prometheus counters (or its "KV
-#     Transfer metrics" log lines);
+#   - the shim's transfers use <= 2 descriptors per KV block (id) (<= 1 on FLASH_ATTN and for
+#     MLA), measured on a single-request probe of PROBE_LEN tokens from D's Prometheus counters
+#     (or its "KV Transfer metrics" log lines), blocks from the bytes per block id D registered;
 #   - every negative control asked for is detected (below).
 #
 # Negative controls: EQ_NEGATIVE_CONTROL="stock,shim" adds the configs nc-stock and nc-shim: the
@@ -29,6 +29,21 @@
 # their own config, whose P is kept (only D restarts: one start-up less).  Each must
 # differ from the baseline (ids, or logprobs beyond what the uncorrupted config shows): the
 # summary records negative_control: [{"config", "corruption", "detected"}].
+#
+# Reference: EQ_REFERENCE=auto (default) is "local" (the baseline above) for a dense model and
+# "pd-stock" for MLA and sliding-window hybrids (pdtools model-family), where vLLM's own P/D,
+# stock too, differs from local prefill even with VLLM_BATCH_INVARIANT=1 (0.33.0 on an H100:
+# MLA at 4097 tokens from position 3, Gemma 3 at 1000 from position 4).  With "pd-stock" the
+# baseline is P/D stock: every P/D config's ids and logprobs must equal it (max |difference| <=
+# EQ_LOGPROB_TOL, default 0), every negative control must be told apart from it, and local
+# prefill's difference from it is recorded as vLLM's (local_vs_pd_stock), not failing.  It needs
+# stock in EQ_CONFIGS (or EQ_INCLUDE).  EQ_REFERENCE=local or pd-stock forces one.
+#
+# Bytes per block id: from D's registration report (lib.sh REG_REPORT=1, the default: the
+# negative_control/ import hook on D's PYTHONPATH writes what vLLM registered, every config),
+# so blocks per transfer and descriptors per block (id) are right for MLA latent pages, several
+# KV cache groups and whole block rows.  Without a report only a dense model falls back to the
+# dense K/V formula (with a note); the summary's configs.<cfg>.bytes_per_block_source says which.
 #
 # Prefix caching is off here (EQ_SERVE_ARGS): otherwise D would serve (b) from the blocks
 # it cached during (a), and no KV would move at all (the per-request transfer check says so).
@@ -52,6 +67,7 @@
 #      their run and probe files join this call's summary, so one summary can span calls
 #      that each stay under a device call's time limit),
 #      EQ_SERVE_ARGS="--no-enable-prefix-caching", EQ_BATCH_INVARIANT=auto|1|0,
+#      EQ_REFERENCE=auto|local|pd-stock, MODEL_ARCH (lib.sh: the generated model's family),
 #      EQ_FRAGMENT=0 (N > 0: after every pair (re)start, N requests of mixed length around
 #      FRAG_LEN=2048 tokens go through the proxy at once (`vllm bench serve`, FRAG_OUTPUT_LEN=16)
 #      before the checked prompts, so their KV blocks come from a churned free queue and the
@@ -76,6 +92,7 @@ EQ_JSON=${EQ_JSON:-$WORK/equivalence.json}
 SERVE_EXTRA_ARGS="${EQ_SERVE_ARGS---no-enable-prefix-caching} $SERVE_EXTRA_ARGS"
 EQ_BATCH_INVARIANT=${EQ_BATCH_INVARIANT:-auto}
 EQ_FRAGMENT=${EQ_FRAGMENT:-0}
+EQ_REFERENCE=${EQ_REFERENCE:-auto}
 FRAG_LEN=${FRAG_LEN:-2048}
 FRAG_OUTPUT_LEN=${FRAG_OUTPUT_LEN:-16}
 
@@ -89,15 +106,29 @@ fragment() {
 case "$EQ_BATCH_INVARIANT" in auto|0|1) ;;
   *) echo "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
 esac
+case "$EQ_REFERENCE" in auto|local|pd-stock) ;;
+  *) echo "EQ_REFERENCE must be auto, local or pd-stock (got '$EQ_REFERENCE')" >&2; exit 2 ;;
+esac
 
 setup_env
 install_traps
 require_gpus_or_cpu_checks
 require_vllm
 ensure_model
+if [ "$EQ_REFERENCE" = auto ]; then
+  case "$MODEL_FAMILY" in mla|sliding-hybrid) EQ_REFERENCE=pd-stock ;; *) EQ_REFERENCE=local ;; esac
+  log "reference: $EQ_REFERENCE (EQ_REFERENCE=auto, a $MODEL_FAMILY model)"
+else
+  log "reference: $EQ_REFERENCE"
+fi
+if [ "$EQ_REFERENCE" = pd-stock ]; then
+  case " $EQ_CONFIGS ${EQ_INCLUDE:-} " in *" stock "*) ;;
+    *) die "$EXIT_SETUP" "EQ_REFERENCE=pd-stock compares with stock P/D: put stock in EQ_CONFIGS (or EQ_INCLUDE from an earlier call)" ;;
+  esac
+fi
 # A fresh start, except the files of the configs EQ_INCLUDE takes from an earlier call
 keep=" "
-for cfg in ${EQ_INCLUDE:-}; do keep+="eq-local-$cfg.json eq-pd-$cfg.json eq-probe-$cfg.json "; done
+for cfg in ${EQ_INCLUDE:-}; do keep+="eq-local-$cfg.json eq-pd-$cfg.json eq-probe-$cfg.json eq-$cfg-d-registration.json "; done
 for f in "$WORK"/eq-*.json "$WORK"/eq-*.log; do
   [ -e "$f" ] || continue
   case "$keep" in *" $(basename "$f") "*) ;; *) rm -f "$f" ;; esac
@@ -157,6 +188,7 @@ for cfg in "${run_configs[@]}"; do
   log "=== $cfg ==="
   if [ -n "$running" ] && [ "$cfg" = "nc-$running" ]; then restart_decode "$cfg" "eq-$cfg"
   else stop_all; start_pair "$cfg" "eq-$cfg"; fi
+  use_registration   # BYTES_PER_BLOCK: what D registered (or the dense formula, said)
   fragment "$cfg"
   running=""
   case "$cfg" in
@@ -188,6 +220,7 @@ for cfg in "${run_configs[@]}"; do
   pdtools kv-run --log "$D_LOG" --offset "$off" \
     --prom-before "$WORK/eq-prom0-$cfg.json" --prom-after "$WORK/eq-prom1-$cfg.json" \
     --bytes-per-block "$BYTES_PER_BLOCK" --backend-log "$D_LOG" \
+    ${D_REG_REPORT:+--registration "$D_REG_REPORT"} \
     --prompt-len "$PROBE_LEN" --block-size "$BLOCK_SIZE" > "$WORK/eq-probe-$cfg.json"
   probe_args+=(--probe "$cfg=$WORK/eq-probe-$cfg.json")
   running=$cfg
@@ -203,8 +236,8 @@ for cfg in ${EQ_INCLUDE:-}; do  # runs of an earlier call (same WORK)
   log "included from an earlier call: $cfg"
 done
 
-meta=$(printf '{"vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "fragment_prompts": %d, "date": "%s"}' \
-  "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
+meta=$(printf '{"model_family": "%s", "reference": "%s", "vllm_version": "%s", "gpu": "%s", "model": "%s", "block_size": %d, "tp_p": %d, "tp_d": %d, "probe_len": %d, "max_tokens": %d, "serve_args": "%s", "batch_invariant": %s, "logprobs": %d, "negative_control_requested": "%s", "fragment_prompts": %d, "date": "%s"}' \
+  "$MODEL_FAMILY" "$EQ_REFERENCE" "$VLLM_VERSION" "$GPU_SLUG" "$MODEL" "$BLOCK_SIZE" "$TP_P" "$TP_D" "$PROBE_LEN" "$EQ_MAX_TOKENS" \
   "$(echo $SERVE_EXTRA_ARGS)" "$([ "$EQ_BATCH_INVARIANT" = 1 ] && echo true || echo false)" "$EQ_LOGPROBS" \
   "$EQ_NEGATIVE_CONTROL${EQ_INCLUDE:+ (included: $EQ_INCLUDE)}" "$EQ_FRAGMENT" "$(date -u +%FT%TZ)")
 rc=0
@@ -213,6 +246,7 @@ if [ ${#nc_configs[@]} -gt 0 ] || [[ " ${EQ_INCLUDE:-} " == *" nc-"* ]]; then
   corruption=$(pdtools nc-describe "$NC_CORRUPTION")
 fi
 pdtools equiv-summary --out "$EQ_JSON" --lengths "$EQ_LENGTHS" --meta "$meta" \
-  --logprob-tol "$EQ_LOGPROB_TOL" --corruption "$corruption" "${probe_args[@]}" "${run_files[@]}" || rc=$?
+  --logprob-tol "$EQ_LOGPROB_TOL" --corruption "$corruption" --reference "$EQ_REFERENCE" \
+  "${probe_args[@]}" "${run_files[@]}" || rc=$?
 log "summary JSON: $EQ_JSON"
 exit $rc

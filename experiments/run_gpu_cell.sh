@@ -7,7 +7,8 @@
 #   setup        verify all chunks (MANIFEST) and unpack vLLM into /tmp/site (once)
 #   check        is vLLM staged?  (implied by every step below)
 #   status       nvidia-smi, GPU topology, `python -m xlkv_autopatch status`
-#   model        generate the random-weight model into /tmp/xlkv-model (if missing)
+#   model        generate the random-weight model of MODEL_ARCH (default qwen3; deepseek_v2,
+#                gemma3, mqa) into /tmp/xlkv-model (qwen3) or /tmp/xlkv-model-<arch> (if missing)
 #   equivalence  pd_equivalence.sh (EQ_* env vars; EQ_NEGATIVE_CONTROL=stock,shim adds the negative
 #                controls nc-stock / nc-shim to the same call)
 #   bench        pd_bench.sh (CONFIGS, INPUT_LENS, REPS, NUM_PROMPTS, BENCH_STATE ... env vars)
@@ -63,7 +64,7 @@ collect() {
   collect_log_tails "$OUT/logtails.txt" 2>/dev/null
   # the lines that matter from the whole of every server log (not only the tails): the
   # shim's own messages, NIXL registration/descriptor numbers, the backend, errors
-  grep -H -n -E "xlkv_autopatch|xlkv negative control|KV Transfer metrics|descriptor|[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR" \
+  grep -H -n -E "xlkv_autopatch|xlkv negative control|xlkv registration report|KV Transfer metrics|descriptor|[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR" \
     "$WORK"/eq-*.log "$WORK"/bench-*-[pd].log 2>/dev/null | cut -c1-600 | head -n 3000 > "$OUT/loggrep.txt"
   # only the staged release's results: the device tool returns a limited number of files, and
   # a second release's files would crowd out the logs (seen in the fourth session)
@@ -77,6 +78,8 @@ collect() {
   done
   [ -z "$other" ] || echo "run_gpu_cell: kept on the machine (not vLLM $ver):$other"
   for f in "$WORK"/cpu-stock.json "$WORK"/cpu-xlkv.json; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  # D's registration reports (what vLLM registered per config: regions, groups, bytes per block id)
+  for f in "$WORK"/*-registration.json; do [ -f "$f" ] && cp "$f" "$OUT/"; done
   echo "run_gpu_cell: exit $rc; files in \$OUT: $(cd "$OUT" && ls | xargs) console.txt"
   sleep 0.3; cp "$CONSOLE" "$OUT/console.txt" 2>/dev/null
   exit $rc
@@ -98,7 +101,9 @@ for step in "$@"; do
       PYTHONPATH="$REPO:$SITE" python3 -m xlkv_autopatch status || true
       PYTHONPATH="$REPO:$SITE" ENABLE_XLKV=true python3 -m xlkv_autopatch status || true ;;
     model)  # make_model.py skips a model it finished before with the same settings (.complete)
-      if [ -z "${MODEL:-}" ]; then PYTHONPATH="" python3 "$HERE/make_model.py" /tmp/xlkv-model; fi ;;
+      if [ -z "${MODEL:-}" ]; then
+        PYTHONPATH="" python3 "$HERE/make_model.py" "$(model_dir_for "$MODEL_ARCH")" --arch "$MODEL_ARCH"
+      fi ;;
     equivalence)
       require_staged
       bash "$HERE/pd_equivalence.sh" ;;

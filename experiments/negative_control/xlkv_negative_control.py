@@ -19,14 +19,27 @@ block-outermost buffer, or one cross-layer tensor; whatever the release and the 
 The worker classes by release: ``...kv_connector.v1.nixl_connector.NixlConnectorWorker``
 (<= 0.19), ``...v1.nixl.worker.NixlConnectorWorker`` (0.20-0.23),
 ``...v1.nixl.base_worker.NixlBaseConnectorWorker`` (0.24+).
+
+Second job of the same import hook (no corruption): the registration report.  With
+``XLKV_REGISTRATION_REPORT=<path>`` set (every config of pd_equivalence.sh and pd_bench.sh, stock
+too: lib.sh), the worker's ``register_kv_caches`` is wrapped and, after vLLM's own returns, what
+it registered is written to ``<path>`` as JSON (``.rank<N>`` appended for TP ranks > 0): the
+number of regions, ``block_len_per_layer``, ``region_group_ids`` where the release has them, the
+KV cache groups (spec, sliding window, layers), the KV cache layout, and per group the bytes and
+regions one block id of that group touches (``registration_facts``).  It only reads attributes;
+pdtools turns the bytes into blocks per transfer and descriptors per block id.
 """
 
 import functools
 import importlib.abc
+import json
 import os
 import sys
 
 ENV = "XLKV_NEGATIVE_CONTROL"
+REPORT_ENV = "XLKV_REGISTRATION_REPORT"
+#: vLLM 0.33's _SHARED_REGION_GROUP_ID: a region that the block ids of every group index
+SHARED_REGION_GROUP_ID = -1
 CORRUPTIONS = {
     "shift": "shift: the first KV block D received for each request gets the bytes of the next "
              "block id, in every layer (an off-by-one block index)",
@@ -37,6 +50,7 @@ _BASE = "vllm.distributed.kv_transfer.kv_connector.v1."
 TARGET_MODULES = (_BASE + "nixl_connector", _BASE + "nixl.worker", _BASE + "nixl.base_worker")
 WORKER_CLASSES = ("NixlConnectorWorker", "NixlBaseConnectorWorker")
 POLL_METHODS = ("get_transfer_results", "get_finished")
+REGISTER_METHOD = "register_kv_caches"
 _MARK = "_xlkv_negative_control_wrapped"
 
 #: what was done, for tests in the same process: [(request id, description)]
@@ -45,6 +59,12 @@ EVENTS = []
 
 def say(msg):
     sys.stderr.write("xlkv negative control: %s (pid %d)\n" % (msg, os.getpid()))
+    sys.stderr.flush()
+
+
+def say_report(msg):
+    """The registration report's lines (their own prefix: no 'negative control' in a stock D's log)."""
+    sys.stderr.write("xlkv registration report: %s (pid %d)\n" % (msg, os.getpid()))
     sys.stderr.flush()
 
 
@@ -227,20 +247,162 @@ def _wrap(cls, meth):
     return True
 
 
+def report_path():
+    """Where the registration report goes (None: not asked for)."""
+    return os.environ.get(REPORT_ENV, "").strip() or None
+
+
+def registration_facts(num_regions, block_lens, region_group_ids, num_groups):
+    """Per KV cache group: the regions one of its block ids touches and their bytes.
+
+    vLLM builds a block id's descriptors as one per region of its group (0.33:
+    ``_compute_desc_ids``: regions whose group id is the group's or shared, -1); a region
+    registered as a whole block row (BLNHC, packed MLA) is one region whose block length is the
+    row.  Releases without ``region_group_ids`` index every region with every group's ids.
+    ``block_lens`` is ``block_len_per_layer`` (one entry per registered tensor or region; older
+    releases split a tensor's K and V into two descriptors of half its length, which this does
+    not count: the measured descriptors say it).  Returns {"bytes_per_block_id": [...],
+    "regions_per_block_id": [...]} (one entry per group) or an "error"."""
+    block_lens = [int(b) for b in (block_lens or [])]
+    num_groups = max(1, int(num_groups or 1))
+    if not block_lens:
+        return {"error": "no block_len_per_layer"}
+    gids = list(region_group_ids) if region_group_ids else None
+    if gids is not None and len(gids) != len(block_lens):
+        return {"error": "region_group_ids (%d) and block_len_per_layer (%d) differ in length"
+                         % (len(gids), len(block_lens))}
+    out_b, out_r = [], []
+    for g in range(num_groups):
+        idx = [i for i in range(len(block_lens))
+               if gids is None or gids[i] == g or gids[i] == SHARED_REGION_GROUP_ID]
+        out_b.append(sum(block_lens[i] for i in idx))
+        out_r.append(len(idx))
+    return {"bytes_per_block_id": out_b, "regions_per_block_id": out_r}
+
+
+def _groups(worker):
+    cfg = getattr(worker, "kv_cache_config", None)
+    groups = getattr(cfg, "kv_cache_groups", None)
+    if groups is None:
+        return None
+    out = []
+    for g in groups:
+        spec = getattr(g, "kv_cache_spec", None)
+        out.append({"spec": type(spec).__name__ if spec is not None else None,
+                    "sliding_window": getattr(spec, "sliding_window", None),
+                    "page_size_bytes": getattr(spec, "page_size_bytes", None),
+                    "num_layers": len(getattr(g, "layer_names", None) or [])})
+    return out
+
+
+def _plain(x):
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (int, float, str, bool)) or x is None:
+        return x
+    try:
+        return int(x)
+    except Exception:
+        return str(x)
+
+
+def registration_report(worker):
+    """The facts of what ``worker`` registered (after its register_kv_caches returned)."""
+    block_lens = _plain(list(getattr(worker, "block_len_per_layer", None) or []))
+    gids = getattr(worker, "region_group_ids", None)
+    gids = _plain(list(gids)) if gids is not None else None
+    groups = _groups(worker)
+    # the transfer groups are the ones region_group_ids index (0.33); else the KV cache groups
+    cfg = getattr(worker, "kv_cache_config", None)
+    tgroups = getattr(cfg, "transfer_groups", None)
+    num_groups = len(tgroups) if tgroups is not None else (len(groups) if groups is not None else 1)
+    num_regions = getattr(worker, "num_regions", None)
+    if not isinstance(num_regions, int) or num_regions <= 0:
+        num_regions = len(block_lens)
+    rep = {
+        "worker_class": type(worker).__name__,
+        "pid": os.getpid(),
+        "tp_rank": _plain(getattr(worker, "tp_rank", None)),
+        "num_regions": num_regions,
+        "block_len_per_layer": block_lens,
+        "region_group_ids": gids,
+        "num_kv_cache_groups": num_groups,
+        "kv_cache_groups": groups,
+        "kv_cache_layout": _plain(getattr(worker, "kv_cache_layout", None)),
+        "use_mla": _plain(getattr(worker, "use_mla", None)),
+        "backend_name": _plain(getattr(worker, "backend_name", None)),
+        "block_size": _plain(getattr(worker, "block_size", None)),
+        "num_blocks": _plain(getattr(worker, "num_blocks", None)),
+        "num_descs": _plain(getattr(worker, "num_descs", None)),
+    }
+    rep.update(registration_facts(num_regions, block_lens, gids, num_groups))
+    try:
+        import vllm
+
+        rep["vllm_version"] = getattr(vllm, "__version__", None)
+    except Exception:
+        pass
+    return rep
+
+
+def write_report(worker, path):
+    rep = registration_report(worker)
+    rank = rep.get("tp_rank")
+    if isinstance(rank, int) and rank > 0:
+        path = "%s.rank%d" % (path, rank)
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(rep, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    say_report("%s: %d region(s), %d KV cache group(s), layout %s, bytes per block id %s"
+        % (path, rep["num_regions"], rep["num_kv_cache_groups"], rep["kv_cache_layout"],
+           rep.get("bytes_per_block_id", rep.get("error"))))
+    return path
+
+
+def _wrap_register(cls):
+    orig = cls.__dict__[REGISTER_METHOD]
+    if getattr(orig, _MARK, False):
+        return False
+
+    def register_kv_caches(self, *args, **kwargs):
+        result = orig(self, *args, **kwargs)
+        path = report_path()
+        if path:
+            try:
+                write_report(self, path)
+            except Exception as e:  # a report must never break the engine; say it loudly
+                say_report("FAILED: %s: %s" % (type(e).__name__, e))
+        return result
+
+    functools.update_wrapper(register_kv_caches, orig)
+    setattr(register_kv_caches, _MARK, True)
+    register_kv_caches.__qualname__ = "%s.%s" % (cls.__name__, REGISTER_METHOD)
+    setattr(cls, REGISTER_METHOD, register_kv_caches)
+    return True
+
+
 def patch_module(module):
-    wrapped = []
+    """Wrap the worker class(es) of ``module``: the completion poll when a corruption is asked for,
+    register_kv_caches when a registration report is.  Returns what was wrapped."""
+    wrapped, reported = [], []
     for cname in WORKER_CLASSES:
         cls = module.__dict__.get(cname)
         if not isinstance(cls, type) or cls.__module__ != module.__name__:
             continue
-        for meth in POLL_METHODS:
-            if meth in cls.__dict__:
-                if _wrap(cls, meth):
-                    wrapped.append("%s.%s" % (cname, meth))
-                break  # the first one the class defines is the one the connector calls
+        if mode():
+            for meth in POLL_METHODS:
+                if meth in cls.__dict__:
+                    if _wrap(cls, meth):
+                        wrapped.append("%s.%s" % (cname, meth))
+                    break  # the first one the class defines is the one the connector calls
+        if report_path() and REGISTER_METHOD in cls.__dict__ and _wrap_register(cls):
+            reported.append("%s.%s" % (cname, REGISTER_METHOD))
     if wrapped:
         say("wrapped %s in %s (corruption: %s)" % (", ".join(wrapped), module.__name__, mode()))
-    return wrapped
+    if reported:
+        say_report("wrapped %s in %s (report to %s)" % (", ".join(reported), module.__name__, report_path()))
+    return wrapped + reported
 
 
 class _Loader(importlib.abc.Loader):
@@ -283,14 +445,19 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install():
-    """Arm the hook in this process (idempotent); patches modules that are already imported."""
+    """Arm the hook in this process (idempotent); patches modules that are already imported.
+    Armed when a corruption (XLKV_NEGATIVE_CONTROL) or a registration report
+    (XLKV_REGISTRATION_REPORT) is asked for; otherwise it does nothing."""
     how = mode()
-    if how is None:
+    if how is None and not report_path():
         return False
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     for name in TARGET_MODULES:
         if name in sys.modules:
             patch_module(sys.modules[name])
-    say("armed (%s)" % how)
+    if how:
+        say("armed (%s)" % how)
+    if report_path():
+        say_report("armed (%s)" % report_path())
     return True

@@ -20,7 +20,8 @@ from .equivalence import (TOP_LOGPROBS, _extract_logprobs, _extract_token_ids, c
 from .kvmetrics import (DTYPE_BYTES, KEY_DESC, KEY_MB, KEY_N, KEY_P90, KEY_POST, KEY_TPUT, KEY_XFER,  # noqa: F401
                         KV_LINE_RE, PROM_KEYS, aggregate_kv, attention_backend, block_bytes, blocks_for_prompt,
                         blocks_per_transfer, descriptor_limit, descriptors_per_block, kv_run, kv_summary,
-                        model_block_bytes, parse_kv_line, parse_prom, prom_delta, read_kv_lines)
+                        load_registration, model_block_bytes, model_family, NotDense, parse_kv_line, parse_prom,
+                        prom_delta, read_kv_lines, registration_bytes_per_block, registration_summary)
 from .prompts import DEFAULT_EQ_LENGTHS, VOCAB_HI, VOCAB_LO, _mix64, prompt_ids, prompt_text  # noqa: F401
 from .results import CELL_KEY, PER_REP, cell_from_runs, cell_key, gpu_slug, merge_results  # noqa: F401
 from .vllminfo import BATCH_INVARIANT_FILES, vllm_has_batch_invariant  # noqa: F401

@@ -11,7 +11,9 @@ Sub-commands:
   get             print a URL's body (JSON endpoints such as the proxy's /timings); "null" if it fails
   bench-cell      turn `vllm bench serve` result files + KV stats into one results cell
   merge           merge results JSON files (cells of the same key gain repetitions, idempotently)
-  block-bytes     bytes of one KV block (all layers, K and V) for a model directory
+  block-bytes     bytes of one KV block (all layers, K and V) for a dense model directory (0 otherwise)
+  block-bytes-registered  bytes one block id moves, from D's registration report (0 if not derivable)
+  model-family    dense, mla or sliding-hybrid for a model directory
   gpu-slug        turn `nvidia-smi` GPU names into a short file-name tag ("2xH200")
   batch-invariant does the importable (or given) vLLM know VLLM_BATCH_INVARIANT? (yes/no)
   backend         the attention backend named in a vLLM server log
@@ -28,8 +30,9 @@ import time
 
 from .client import http_text
 from .equivalence import equiv_run, render_equivalence, summarize_equivalence
-from .kvmetrics import (aggregate_kv, attention_backend, blocks_for_prompt, descriptors_per_block, kv_run,
-                        kv_summary, model_block_bytes, parse_prom, read_kv_lines)
+from .kvmetrics import (NotDense, aggregate_kv, attention_backend, blocks_for_prompt, descriptors_per_block, kv_run,
+                        kv_summary, load_registration, model_block_bytes, model_family, parse_prom, read_kv_lines,
+                        registration_bytes_per_block)
 from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
 from .results import cell_from_runs, cell_key, gpu_slug, merge_results
 from .vllminfo import vllm_has_batch_invariant
@@ -67,7 +70,7 @@ def cmd_equiv_summary(a):
         probes[cfg] = {"kv": kv, "backend": (kv or {}).get("attn_backend")}
     meta = json.loads(a.meta) if a.meta else {}
     s = summarize_equivalence(runs, probes, _lens(a.lengths), batch_invariant=meta.get("batch_invariant"),
-                              logprob_tol=a.logprob_tol, corruption=a.corruption)
+                              logprob_tol=a.logprob_tol, corruption=a.corruption, reference=a.reference)
     s.update(meta)
     json.dump(s, open(a.out, "w"), indent=1, sort_keys=True)
     print(render_equivalence(s))
@@ -93,9 +96,17 @@ def _load_json(path):
 
 def cmd_kv_run(a):
     backend = attention_backend(a.backend_log) if a.backend_log else None
-    kv = kv_run(a.log, a.offset, _load_json(a.prom_before), _load_json(a.prom_after), a.bytes_per_block, backend)
+    reg = load_registration(a.registration) if a.registration else None
+    if a.registration and reg is None:
+        print("kv-run: no registration report at %s (bytes per block: %s)" % (
+            a.registration, "the dense formula" if a.bytes_per_block else "unknown"), file=sys.stderr)
+    kv = kv_run(a.log, a.offset, _load_json(a.prom_before), _load_json(a.prom_after), a.bytes_per_block, backend,
+                registration=reg)
     if a.prompt_len:
-        kv["blocks_expected"] = blocks_for_prompt(a.prompt_len, a.block_size)
+        # one request's blocks from its length: exact with one KV cache group only (a sliding
+        # window group sends its in-window tail)
+        groups = (reg or {}).get("num_kv_cache_groups") or 1
+        kv["blocks_expected"] = blocks_for_prompt(a.prompt_len, a.block_size) if groups == 1 else None
         kv["descriptors_per_block_from_len"] = descriptors_per_block(
             kv.get("avg_descriptors_per_transfer"), kv["blocks_expected"])
     print(json.dumps(kv, sort_keys=True))
@@ -230,6 +241,9 @@ def main(argv=None):
     s.add_argument("--logprob-tol", type=float, default=0.0,
                    help="default kernels: how much more a P/D config's logprobs may differ than stock P/D's")
     s.add_argument("--corruption", help="what the negative-control hook did (recorded)")
+    s.add_argument("--reference", choices=("local", "pd-stock"), default="local",
+                   help="baseline: local prefill (default) or stock P/D (families where vLLM's own P/D "
+                        "differs from local prefill)")
     s.add_argument("runs", nargs="+")
 
     s = sub.add_parser("kvstats")
@@ -252,6 +266,7 @@ def main(argv=None):
     s.add_argument("--backend-log", help="server log that names the attention backend")
     s.add_argument("--prompt-len", type=int, default=0, help="single-request probe: its prompt length")
     s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--registration", help="D's registration report (its bytes per block id win)")
 
     s = sub.add_parser("bench-cell")
     s.add_argument("--out", required=True)
@@ -278,6 +293,12 @@ def main(argv=None):
     s.add_argument("model")
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--tp", type=int, default=1)
+
+    s = sub.add_parser("block-bytes-registered")
+    s.add_argument("report")
+
+    s = sub.add_parser("model-family")
+    s.add_argument("model")
 
     s = sub.add_parser("gpu-slug")
     s.add_argument("names", nargs="*")
@@ -311,7 +332,18 @@ def main(argv=None):
     elif a.cmd == "merge":
         cmd_merge(a)
     elif a.cmd == "block-bytes":
-        print(model_block_bytes(a.model, a.block_size, a.tp))
+        try:
+            print(model_block_bytes(a.model, a.block_size, a.tp))
+        except NotDense as e:
+            print(0)
+            print("block-bytes: %s" % e, file=sys.stderr)
+    elif a.cmd == "block-bytes-registered":
+        bpb, note = registration_bytes_per_block(load_registration(a.report))
+        print(bpb or 0)
+        if note:
+            print("block-bytes-registered: %s" % note, file=sys.stderr)
+    elif a.cmd == "model-family":
+        print(model_family(a.model))
     elif a.cmd == "gpu-slug":
         names = a.names or [l for l in sys.stdin.read().splitlines()]
         print(gpu_slug(names))

@@ -8,10 +8,17 @@ counters, and the descriptor-per-block arithmetic.
   Throughput (MB/s), Avg number of descriptors.  The line is printed by the decode
   instance (the side that reads) once per ``VLLM_LOG_STATS_INTERVAL`` with the transfers
   of that interval only, so a run's numbers are the transfer-weighted mean of its lines.
-* Blocks per transfer are not logged.  They follow from the bytes: one block of a dense
-  model holds ``block_size * layers * 2 (K,V) * kv_heads * head_dim * dtype_bytes`` bytes
-  (1.75 MiB for the Qwen3-0.6B shape at block 16), divided over tensor-parallel ranks.
-  Descriptors per block = (avg descriptors per transfer) / (avg blocks per transfer).
+* Blocks per transfer are not logged.  They follow from the bytes and what D registered: the
+  registration report (experiments/negative_control/, ``XLKV_REGISTRATION_REPORT``) gives, per
+  KV cache group, the bytes one block id of that group moves (the block lengths of the regions
+  it touches: MLA's latent pages, several groups of a sliding-window hybrid, whole block rows).
+  Descriptors per block id = (avg descriptors per transfer) / (avg block ids per transfer).  A
+  sliding-window group sends only its in-window tail, so a transfer's block ids differ per group;
+  that is exact as long as every group's block id moves the same bytes (the hybrid allocator
+  makes their pages equal); otherwise the blocks are not derived (None, said in a note).
+  Without a report, and only for a dense model, the formula ``block_size * layers * 2 (K,V) *
+  kv_heads * head_dim * dtype_bytes`` (1.75 MiB for the Qwen3-0.6B shape at block 16, divided
+  over tensor-parallel ranks) stands in, with a note.
 * The same counters exist as Prometheus histograms on the decode instance:
   ``vllm:nixl_num_descriptors`` and ``vllm:nixl_bytes_transferred`` (``_sum``/``_count``).
 """
@@ -164,12 +171,70 @@ def block_bytes(num_layers, num_kv_heads, head_dim, block_size=16, dtype_bytes=2
     return block_size * num_layers * 2 * heads * head_dim * dtype_bytes
 
 
+def model_family(cfg):
+    """"mla", "sliding-hybrid" or "dense" from a Hugging Face config dict (or a model dir)."""
+    if isinstance(cfg, str):
+        cfg = json.load(open(os.path.join(cfg, "config.json")))
+    outer_type = str(cfg.get("model_type", ""))
+    cfg = cfg.get("text_config") or cfg
+    if cfg.get("kv_lora_rank"):
+        return "mla"
+    types = cfg.get("layer_types") or []
+    if any("sliding" in str(t) for t in types):
+        return "sliding-hybrid"
+    if not types and cfg.get("sliding_window") and str(cfg.get("model_type") or outer_type).startswith("gemma"):
+        return "sliding-hybrid"     # Gemma 2/3 configs written without layer_types interleave too
+    return "dense"
+
+
+class NotDense(ValueError):
+    """The dense K/V formula does not describe this model's KV blocks."""
+
+
 def model_block_bytes(model_dir, block_size=16, tp=1, kv_dtype_bytes=None):
+    """The dense K/V formula for a model dir; raises NotDense for MLA and sliding-window hybrids
+    (their bytes per block id come from D's registration report only)."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    fam = model_family(cfg)
+    if fam != "dense":
+        raise NotDense("%s model: the dense K/V formula does not apply (use D's registration report)" % fam)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     dt = kv_dtype_bytes or DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2)
     return block_bytes(cfg["num_hidden_layers"], cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
                        head_dim, block_size, dt, tp)
+
+
+def load_registration(path):
+    """D's registration report (dict) or None when there is none."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def registration_bytes_per_block(rep):
+    """(bytes one block id moves, note): the bytes when every KV cache group's block id moves the
+    same (one group, or a hybrid with equal pages), else (None, why)."""
+    if not rep:
+        return None, "no registration report"
+    if rep.get("error"):
+        return None, "registration report: %s" % rep["error"]
+    per = [b for b in rep.get("bytes_per_block_id") or [] if b]
+    if not per:
+        return None, "registration report without bytes per block id"
+    if len(set(per)) > 1:
+        return None, ("KV cache groups move different bytes per block id (%s): block ids per transfer "
+                      "are not derived from the bytes" % per)
+    return per[0], None
+
+
+def registration_summary(rep):
+    """The facts the equivalence and bench records keep from a registration report."""
+    if not rep:
+        return None
+    keys = ("num_regions", "num_kv_cache_groups", "kv_cache_layout", "use_mla", "backend_name",
+            "bytes_per_block_id", "regions_per_block_id", "region_group_ids", "block_len_per_layer", "error")
+    return {k: rep.get(k) for k in keys if k in rep}
 
 
 def blocks_per_transfer(avg_mb_per_transfer, bytes_per_block):
@@ -190,10 +255,14 @@ def blocks_for_prompt(n_tokens, block_size=16):
     return math.ceil(n_tokens / block_size)
 
 
-def descriptor_limit(attn_backend):
-    """What the shim promises: 1 descriptor per block on FLASH_ATTN (K and V in one block
-    region), at most 2 elsewhere (K and V regions apart)."""
-    return 1.0 if attn_backend and "FLASH_ATTN" in attn_backend.upper() and "MLA" not in attn_backend.upper() else 2.0
+def descriptor_limit(attn_backend, mla=False):
+    """What the shim promises per block (id): 1 on FLASH_ATTN (K and V in one block region) and
+    for MLA (one latent page per layer: a packed block row), at most 2 elsewhere (K and V
+    regions apart)."""
+    b = (attn_backend or "").upper()
+    if mla or "MLA" in b:
+        return 1.0
+    return 1.0 if "FLASH_ATTN" in b else 2.0
 
 
 def kv_summary(kv, bytes_per_block):
@@ -226,9 +295,20 @@ def attention_backend(log_path):
     return None
 
 
-def kv_run(log_path, offset, prom_before, prom_after, bytes_per_block, backend=None):
+def kv_run(log_path, offset, prom_before, prom_after, bytes_per_block, backend=None, registration=None):
     """KV numbers of one run: Prometheus deltas when D exports them (exact sums), the log
-    lines after ``offset`` otherwise; both are kept for cross-checking."""
+    lines after ``offset`` otherwise; both are kept for cross-checking.  ``registration`` (D's
+    report): its bytes per block id replace ``bytes_per_block`` when it has them (the dense
+    formula stays only where it has none, with a note)."""
+    note = None
+    if registration is not None:
+        reg_bpb, note = registration_bytes_per_block(registration)
+        bytes_per_block = reg_bpb or 0
+        source = "registration" if reg_bpb else None
+    else:
+        source = "dense formula" if bytes_per_block else None
+        if bytes_per_block:
+            note = "no registration report: bytes per block from the dense K/V formula"
     kv_log = aggregate_kv(read_kv_lines(log_path, offset)) if log_path and os.path.exists(log_path) else None
     if kv_log is not None:
         kv_log["source"] = "log"
@@ -246,6 +326,14 @@ def kv_run(log_path, offset, prom_before, prom_after, bytes_per_block, backend=N
     for key in REQUEST_KEYS.values():   # from D's histograms whichever source gave the KV numbers
         chosen[key + "_ms"] = (kv_prom or {}).get(key + "_ms")
     chosen["bytes_per_block"] = bytes_per_block
+    chosen["bytes_per_block_source"] = source
+    if note:
+        chosen["bytes_per_block_note"] = note
+    if registration is not None:
+        chosen["registration"] = registration_summary(registration)
+        regions = [r for r in registration.get("regions_per_block_id") or []]
+        if regions:
+            chosen["registered_regions_per_block_id"] = regions
     chosen["log"] = kv_log
     chosen["prom"] = kv_prom
     if backend:

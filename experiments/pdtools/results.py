@@ -40,7 +40,10 @@ def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, comman
         cell["total_tok_s"].append(r.get("total_token_throughput"))
         cell["completed"].append(r.get("completed"))
         cell["failed"].append(r.get("failed", (num_prompts - r["completed"]) if r.get("completed") is not None else None))
-        kv = kv_summary(kv or {}, bytes_per_block)
+        # the bytes per block (id) the kv-run used (D's registration report) win over the argument
+        kv = kv_summary(kv or {}, (kv or {}).get("bytes_per_block") or bytes_per_block)
+        if kv.get("bytes_per_block_source"):
+            cell["bytes_per_block_source"] = kv["bytes_per_block_source"]
         cell["descriptors_per_transfer"].append(kv.get("avg_descriptors_per_transfer"))
         cell["descriptors_per_block_reps"].append(kv.get("descriptors_per_block"))
         for k in ("num_transfers", "avg_xfer_ms", "avg_mb_per_transfer", "blocks_per_transfer", "throughput_mb_s"):

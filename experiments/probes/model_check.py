@@ -12,8 +12,10 @@ reports:
   bf16_vs_fp32  how many leading outputs bf16 and fp32 agree on (a model whose outputs flip
                 with rounding would make every comparison noisy)
 
-usage: model_check.py [--layers 28] [--init varied|hf] [--lengths 17,100] [--new-tokens 32]
-                      [--no-fp32] [--json OUT]
+usage: model_check.py [--arch qwen3|deepseek_v2|gemma3|mqa] [--layers N] [--init varied|hf]
+                      [--lengths 17,100] [--new-tokens 32] [--no-fp32] [--json OUT]
+(--layers default: the family's, make_model.ARCHS; "redrawn" in the result counts the tensors the
+varied init drew, so a family whose projection names it missed shows up as few or none)
 """
 
 import argparse
@@ -37,10 +39,16 @@ def greedy(model, ids, n):
     return out[0, len(ids):].tolist()
 
 
-def check(layers=28, init="varied", lengths=(17, 100), new_tokens=32, fp32=True, seed=0):
-    args = make_model.parse_args(["unused", "--layers", str(layers), "--init", init, "--seed", str(seed)])
+def check(layers=28, init="varied", lengths=(17, 100), new_tokens=32, fp32=True, seed=0, arch="qwen3"):
+    argv = ["unused", "--arch", arch, "--init", init, "--seed", str(seed)]
+    if layers is not None:
+        argv += ["--layers", str(layers)]
+    args = make_model.parse_args(argv)
+    layers = args.layers
     t0 = time.time()
     model = make_model.build_model(args).eval()
+    named = dict(model.named_parameters())
+    redrawn = sum(1 for n in named if n.endswith(make_model.IN_PROJ + make_model.OUT_PROJ))
     rows = {}
     for n in lengths:
         ids = prompt_ids(n)
@@ -55,21 +63,22 @@ def check(layers=28, init="varied", lengths=(17, 100), new_tokens=32, fp32=True,
             out32 = greedy(model, prompt_ids(n), new_tokens)
             out = rows[str(n)]["token_ids"]
             rows[str(n)]["bf16_vs_fp32"] = next((i for i, (a, b) in enumerate(zip(out, out32)) if a != b), new_tokens)
-    return {"layers": layers, "init": init, "proj_std": args.proj_std if init == "varied" else None,
+    return {"arch": arch, "layers": layers, "init": init, "redrawn_tensors": redrawn if init == "varied" else 0, "proj_std": args.proj_std if init == "varied" else None,
             "out_std": args.out_std if init == "varied" else None, "seed": seed, "new_tokens": new_tokens,
             "prompts": rows, "seconds": round(time.time() - t0, 1)}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--arch", choices=sorted(make_model.ARCHS), default="qwen3")
+    ap.add_argument("--layers", type=int, default=None, help="default: the family's")
     ap.add_argument("--init", choices=("varied", "hf"), default="varied")
     ap.add_argument("--lengths", default="17,100")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--no-fp32", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    r = check(a.layers, a.init, [int(x) for x in a.lengths.split(",")], a.new_tokens, not a.no_fp32)
+    r = check(a.layers, a.init, [int(x) for x in a.lengths.split(",")], a.new_tokens, not a.no_fp32, arch=a.arch)
     for n, row in r["prompts"].items():
         print("len %5s: %2d distinct of %d, %2d positions change with another context, bf16/fp32 agree on %s"
               % (n, row["distinct"], a.new_tokens, row["context"], row.get("bf16_vs_fp32", "-")))

@@ -54,3 +54,74 @@ def test_varied_init_gives_outputs_that_depend_on_the_prompt():
     assert varied["distinct"] >= 8 and varied["context"] >= 8, varied
     hf = model_check.check(layers=28, init="hf", lengths=(17,), new_tokens=16, fp32=False)["prompts"]["17"]
     assert hf["distinct"] < 8, hf
+
+
+# ------------------------------------------------------------------ --arch (issue 32) ------------
+ARCH_EXPECT = {  # what vLLM is handed for each family (config.json)
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], num_hidden_layers=28, num_key_value_heads=8, head_dim=128),
+    "mqa": dict(architectures=["Qwen3ForCausalLM"], num_hidden_layers=28, num_key_value_heads=1, head_dim=128),
+    "deepseek_v2": dict(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", num_hidden_layers=8,
+                        kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                        q_lora_rank=None, first_k_dense_replace=8),
+    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=12,
+                   sliding_window=256, num_key_value_heads=4, head_dim=256, tie_word_embeddings=False),
+}
+FAMILY = {"qwen3": "dense", "mqa": "dense", "deepseek_v2": "mla", "gemma3": "sliding-hybrid"}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_EXPECT))
+def test_each_arch_writes_the_config_vllm_needs(tmp_path, arch):
+    pytest.importorskip("transformers")
+    r = subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(tmp_path), "--arch", arch,
+                        "--config-only"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for k, v in ARCH_EXPECT[arch].items():
+        assert cfg[k] == v, (k, cfg.get(k))
+    assert cfg["vocab_size"] == 32000 and cfg["dtype"] == "bfloat16" and not (tmp_path / ".complete").exists()
+    assert pdtools.model_family(str(tmp_path)) == FAMILY[arch]
+    if arch == "gemma3":   # 5 sliding : 1 full, and the window is shorter than the 1000/4097-token prompts
+        assert cfg["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
+        assert cfg["sliding_window"] < 1000
+    if arch == "deepseek_v2":  # every MLP dense: first_k_dense_replace follows --layers
+        small = tmp_path / "small"
+        subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(small), "--arch", arch,
+                        "--layers", "3", "--config-only"], check=True, capture_output=True)
+        small_cfg = json.loads((small / "config.json").read_text())
+        assert small_cfg["num_hidden_layers"] == small_cfg["first_k_dense_replace"] == 3
+        r = subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(small), "--arch", arch,
+                            "--kv-heads", "2", "--config-only"], capture_output=True, text=True)
+        assert r.returncode != 0 and "--kv-heads does not apply to --arch deepseek_v2" in r.stderr
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_EXPECT))
+def test_the_varied_init_redraws_every_layer_matrix_of_each_arch(arch):
+    """Every 2-D weight inside the layers (attention and MLP projections; MLA's kv_a_proj_with_mqa and
+    kv_b_proj too) is one the varied init redraws; a name it misses would keep transformers' init,
+    whose greedy outputs repeat one id.  Built on the meta device: shapes only, no memory."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import make_model
+    from transformers import AutoModelForCausalLM
+
+    args = make_model.parse_args(["unused", "--arch", arch, "--layers", "2"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(make_model.build_config(args))
+    assert type(model).__name__ == make_model.ARCHS[arch]["model"]
+    assert make_model.not_redrawn(model) == []
+    matrices = [n for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2]
+    assert len(matrices) >= 2 * 6, matrices  # the check looked at real projections
+
+
+def test_qwen3_is_the_default_and_an_old_marker_counts_as_qwen3(tmp_path):
+    import make_model
+
+    a = make_model.parse_args(["x"])
+    assert (a.arch, a.layers, a.kv_heads, a.head_dim) == ("qwen3", 28, 8, 128)
+    assert make_model.arch_fields("qwen3", 28, 8, 128) == make_model.QWEN3_0_6B   # the fields of every earlier run
+    # a model written before --arch existed (its .complete has no "arch") is not rewritten
+    (tmp_path / ".complete").write_text(json.dumps({"init": "varied", "layers": 28, "kv_heads": 8, "head_dim": 128,
+                                                    "vocab": 32000, "seed": 0, "proj_std": 0.03, "out_std": 0.01}))
+    r = subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(tmp_path)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "model already there" in r.stdout

@@ -107,3 +107,109 @@ def test_hook_corrupts_the_first_received_block(tmp_path, layout, how):
         assert res["l0"] == [5]
     else:
         assert res["l0"] == [5] and res["swapped"] and res["layer2_same"]
+
+
+# ------------------------------------------------------------------ the registration report ------
+sys.path.insert(0, HOOK)
+import xlkv_negative_control as nc  # noqa: E402
+
+
+def test_registration_facts_per_group():
+    # one group, per-layer regions (stock dense or MLA): every region, summed
+    assert nc.registration_facts(3, [10, 10, 10], [0, 0, 0], 1) == {"bytes_per_block_id": [30],
+                                                                     "regions_per_block_id": [3]}
+    # a whole block row (BLNHC, packed MLA): one region whose length is the row
+    assert nc.registration_facts(1, [80], [0], 1) == {"bytes_per_block_id": [80], "regions_per_block_id": [1]}
+    # hybrid, tensors shared by every group (-1): each group's block id touches both
+    assert nc.registration_facts(2, [8, 8], [-1, -1], 3) == {"bytes_per_block_id": [16, 16, 16],
+                                                               "regions_per_block_id": [2, 2, 2]}
+    # regions of one group only: a group's block id touches its own and the shared ones
+    assert nc.registration_facts(3, [4, 6, 10], [0, 1, -1], 2) == {"bytes_per_block_id": [14, 16],
+                                                                     "regions_per_block_id": [2, 2]}
+    # releases without region_group_ids: every region with every group's ids
+    assert nc.registration_facts(2, [5, 5], None, 2)["bytes_per_block_id"] == [10, 10]
+    assert "error" in nc.registration_facts(2, [5, 5], [0], 1) and "error" in nc.registration_facts(0, [], None, 1)
+
+
+REG_WORKER = '''
+import types
+
+class Spec:
+    def __init__(self, w=None):
+        self.sliding_window = w
+        self.page_size_bytes = 64
+
+class NixlBaseConnectorWorker:
+    """Stands in for vLLM 0.33's worker: register_kv_caches sets what the report reads."""
+    def __init__(self, rank=0):
+        self.tp_rank = rank
+        self.kv_cache_layout = "BLNHC"
+        self.use_mla = False
+        self.calls = []
+        self.block_len_per_layer = []
+        self.kv_cache_config = types.SimpleNamespace(
+            kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=Spec(), layer_names=["a", "b"]),
+                             types.SimpleNamespace(kv_cache_spec=Spec(256), layer_names=["c", "d"])],
+            transfer_groups=[0, 1])
+
+    def register_kv_caches(self, kv_caches):
+        self.calls.append(kv_caches)
+        self.block_len_per_layer = [64, 64]     # set inside vLLM's method: the report reads after it
+        self.region_group_ids = [-1, -1]
+        self.num_regions = 2
+        return "registered"
+
+    def get_transfer_results(self):
+        return set(), set()
+'''
+
+REG_DRIVER = '''
+import sys
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker as W
+w = W(int(sys.argv[1]))
+print("RET", w.register_kv_caches({"x": 1}), w.calls)
+print("POLL_WRAPPED", getattr(W.get_transfer_results, "_xlkv_negative_control_wrapped", False))
+'''
+
+
+def _fake_worker_pkg(tmp_path, code):
+    pkg = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "nixl"
+    pkg.mkdir(parents=True)
+    for d in [tmp_path / "vllm"] + list(pkg.parents)[:5] + [pkg]:
+        (d / "__init__.py").touch()
+    (pkg / "base_worker.py").write_text(textwrap.dedent(code))
+    return str(tmp_path)
+
+
+def test_registration_report_is_written_after_vllms_register_kv_caches(tmp_path):
+    import json
+    site = _fake_worker_pkg(tmp_path, REG_WORKER)
+    out = tmp_path / "reg.json"
+    env = {"PYTHONPATH": os.pathsep.join([HOOK, site]), "XLKV_REGISTRATION_REPORT": str(out)}
+    r = subprocess.run([sys.executable, "-c", REG_DRIVER, "0"], capture_output=True, text=True, timeout=120,
+                       env=dict({k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ENABLE_XLKV",
+                                                                                  "XLKV_NEGATIVE_CONTROL")}, **env))
+    assert r.returncode == 0, r.stderr
+    assert "RET registered [{'x': 1}]" in r.stdout          # the original ran, its result passes through
+    assert "POLL_WRAPPED False" in r.stdout                 # no corruption asked for: the poll is untouched
+    assert "negative control" not in r.stderr and "xlkv registration report: armed" in r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["bytes_per_block_id"] == [128, 128] and rep["regions_per_block_id"] == [2, 2]
+    assert rep["num_kv_cache_groups"] == 2 and rep["kv_cache_layout"] == "BLNHC" and rep["region_group_ids"] == [-1, -1]
+    assert rep["kv_cache_groups"][1] == {"spec": "Spec", "sliding_window": 256, "page_size_bytes": 64, "num_layers": 2}
+    # a TP rank > 0 writes beside it
+    r = subprocess.run([sys.executable, "-c", REG_DRIVER, "1"], capture_output=True, text=True, timeout=120,
+                       env=dict({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "reg.json.rank1").read_text())["tp_rank"] == 1
+    # not asked for: nothing wrapped, nothing written
+    out.unlink()
+    r = subprocess.run([sys.executable, "-c", REG_DRIVER, "0"], capture_output=True, text=True, timeout=120,
+                       env=dict({k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLKV_REGISTRATION_REPORT")},
+                                PYTHONPATH=env["PYTHONPATH"]))
+    assert r.returncode == 0 and not out.exists() and "registration report" not in r.stderr
+    # both jobs in one hook: corruption armed and report written
+    r = subprocess.run([sys.executable, "-c", REG_DRIVER, "0"], capture_output=True, text=True, timeout=120,
+                       env=dict({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, XLKV_NEGATIVE_CONTROL="shift",
+                                **env))
+    assert r.returncode == 0 and out.exists() and "POLL_WRAPPED True" in r.stdout

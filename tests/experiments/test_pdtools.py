@@ -619,3 +619,166 @@ def test_merge_keeps_per_rep_lists_aligned_when_an_older_file_lacks_a_key():
     doc = pdtools.merge_results([{"cells": [old]}, {"cells": [new]}])
     c = doc["cells"][0]
     assert c["run_ids"] == ["r1", "r2"] and c["d_queue_ms"] == [None, 40.0] and c["avg_d_queue_ms"] == 40.0
+
+
+# ------------------------------------------------------------------ model families (issue 32) ----
+# D's registration reports as experiments/negative_control/ writes them (the fields pdtools reads).
+# MLA, DeepSeek-V2-shaped, 8 layers, block 16: one latent page (512 + 64) * 2 B * 16 per layer.
+MLA_PAGE = 16 * (512 + 64) * 2
+MLA_STOCK_REG = {"num_regions": 8, "block_len_per_layer": [MLA_PAGE] * 8, "region_group_ids": [0] * 8,
+                 "num_kv_cache_groups": 1, "kv_cache_layout": "NHD", "use_mla": True,
+                 "bytes_per_block_id": [8 * MLA_PAGE], "regions_per_block_id": [8]}
+# Gemma-3-shaped hybrid: 6 KV cache groups (1 full, 5 sliding), 2 shared tensors (region group -1)
+GEMMA_PAGE = 16 * 2 * 4 * 256 * 2
+GEMMA_STOCK_REG = {"num_regions": 2, "block_len_per_layer": [GEMMA_PAGE] * 2, "region_group_ids": [-1, -1],
+                   "num_kv_cache_groups": 6, "kv_cache_layout": "NHD", "use_mla": False,
+                   "bytes_per_block_id": [2 * GEMMA_PAGE] * 6, "regions_per_block_id": [2] * 6}
+
+
+def _mla_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "deepseek_v2", "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "hidden_size": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}))
+    return str(tmp_path)
+
+
+def test_model_family_and_the_dense_formula_only_for_dense_models(tmp_path):
+    assert pdtools.model_family({"model_type": "qwen3", "layer_types": ["full_attention"] * 2,
+                                 "sliding_window": None}) == "dense"
+    assert pdtools.model_family({"model_type": "deepseek_v2", "kv_lora_rank": 512}) == "mla"
+    assert pdtools.model_family({"model_type": "gemma3_text", "sliding_window": 256,
+                                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}) == "sliding-hybrid"
+    assert pdtools.model_family({"model_type": "gemma3", "text_config": {"sliding_window": 512}}) == "sliding-hybrid"
+    # the dense K/V formula would count an MLA block as 16 * 8 * 2 * 16 * 128 * 2 = 1 MiB (7x too much):
+    # it refuses, and the CLI says 0 (unknown) instead of a wrong number
+    with pytest.raises(pdtools.NotDense):
+        pdtools.model_block_bytes(_mla_config(tmp_path))
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "block-bytes", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.stdout.strip() == "0" and "mla model" in r.stderr
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "model-family", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.stdout.strip() == "mla"
+
+
+def test_bytes_per_block_id_from_the_registration_report(tmp_path):
+    assert pdtools.registration_bytes_per_block(MLA_STOCK_REG) == (8 * MLA_PAGE, None)
+    assert pdtools.registration_bytes_per_block(GEMMA_STOCK_REG) == (2 * GEMMA_PAGE, None)
+    bpb, note = pdtools.registration_bytes_per_block(dict(GEMMA_STOCK_REG, bytes_per_block_id=[100, 200]))
+    assert bpb is None and "different bytes per block id" in note
+    assert pdtools.registration_bytes_per_block(None)[0] is None
+    assert pdtools.registration_bytes_per_block({"error": "no block_len_per_layer"})[1].endswith("no block_len_per_layer")
+    p = tmp_path / "reg.json"
+    p.write_text(json.dumps(MLA_STOCK_REG))
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "block-bytes-registered", str(p)],
+                       capture_output=True, text=True)
+    assert r.stdout.strip() == str(8 * MLA_PAGE)
+    assert pdtools.descriptor_limit("FLASH_ATTN_MLA") == 1.0 and pdtools.descriptor_limit("TRITON_MLA") == 1.0
+    assert pdtools.descriptor_limit(None, mla=True) == 1.0 and pdtools.descriptor_limit("TRITON_ATTN") == 2.0
+
+
+def _prom(descs, nbytes, n=1):
+    keys = set(pdtools.PROM_KEYS.values())
+    before = {k: 0.0 for k in keys}
+    after = dict(before, descriptors_sum=float(descs), transfers=float(n), bytes_sum=float(nbytes),
+                 xfer_seconds_sum=0.001)
+    return before, after
+
+
+def test_kv_run_mla_blocks_and_descriptors_from_what_d_registered():
+    """100 MLA blocks, stock (8 regions): 800 descriptors.  With D's report: 100 blocks, 8 per block.
+    The dense formula for the same model would have said 100 * 147456 / 1 MiB = 14 blocks, 57 per block."""
+    before, after = _prom(800, 100 * 8 * MLA_PAGE)
+    kv = pdtools.kv_run(None, 0, before, after, 0, "FLASH_ATTN_MLA", registration=MLA_STOCK_REG)
+    assert kv["blocks_per_transfer"] == pytest.approx(100) and kv["descriptors_per_block"] == pytest.approx(8)
+    assert kv["bytes_per_block_source"] == "registration" and kv["registered_regions_per_block_id"] == [8]
+    assert kv["registration"]["use_mla"] is True
+    dense = 16 * 8 * 2 * 16 * 128 * 2
+    kv = pdtools.kv_run(None, 0, before, after, dense, "FLASH_ATTN_MLA")   # no report: the formula, said
+    assert kv["bytes_per_block_source"] == "dense formula" and "no registration report" in kv["bytes_per_block_note"]
+    assert kv["blocks_per_transfer"] == pytest.approx(14.06, abs=0.01)     # wrong: why the report exists
+    # a report whose groups differ in bytes per block id: blocks unknown, never a guess
+    kv = pdtools.kv_run(None, 0, before, after, dense, "X",
+                        registration=dict(MLA_STOCK_REG, bytes_per_block_id=[1, 2], num_kv_cache_groups=2))
+    assert kv["blocks_per_transfer"] is None and kv["descriptors_per_block"] is None
+    assert "different bytes per block id" in kv["bytes_per_block_note"]
+
+
+def test_kv_run_sliding_window_hybrid_is_per_block_id(tmp_path):
+    """A 1600-token probe on the 6-group hybrid: the full group sends 100 block ids, each of the 5
+    sliding groups its 17-block window tail: 185 block ids, 2 descriptors each (stock)."""
+    ids = 100 + 5 * 17
+    before, after = _prom(2 * ids, ids * 2 * GEMMA_PAGE)
+    kv = pdtools.kv_run(None, 0, before, after, 0, "FLASH_ATTN", registration=GEMMA_STOCK_REG)
+    assert kv["blocks_per_transfer"] == pytest.approx(185) and kv["descriptors_per_block"] == pytest.approx(2)
+    # the CLI: with several groups a prompt's length does not give its blocks (sliding tails)
+    reg = tmp_path / "reg.json"
+    reg.write_text(json.dumps(GEMMA_STOCK_REG))
+    b, a = tmp_path / "b.json", tmp_path / "a.json"
+    b.write_text(json.dumps(before))
+    a.write_text(json.dumps(after))
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "kv-run", "--prom-before", str(b),
+                        "--prom-after", str(a), "--bytes-per-block", "123", "--registration", str(reg),
+                        "--prompt-len", "1600"], capture_output=True, text=True)
+    kv = json.loads(r.stdout)
+    assert kv["blocks_per_transfer"] == pytest.approx(185) and kv["bytes_per_block"] == 2 * GEMMA_PAGE
+    assert kv["blocks_expected"] is None and kv["descriptors_per_block_from_len"] is None
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "kv-run", "--prom-before", str(b),
+                        "--prom-after", str(a), "--bytes-per-block", "0", "--registration", str(tmp_path / "none"),
+                        "--prompt-len", "1600"], capture_output=True, text=True)
+    assert "no registration report at" in r.stderr and json.loads(r.stdout)["blocks_per_transfer"] is None
+
+
+def test_the_shims_mla_descriptor_check_is_one_per_block():
+    lens = [5, 100]
+    runs = {"pd:stock": _run(lens), "pd:shim": _run(lens)}
+    probes = {"stock": {"kv": {"descriptors_per_block": 8.0, "registration": MLA_STOCK_REG}, "backend": "FLASH_ATTN_MLA"},
+              "shim": {"kv": {"descriptors_per_block": 1.0, "registration": dict(MLA_STOCK_REG, num_regions=1)},
+                       "backend": "TRITON_MLA"}}
+    s = pdtools.summarize_equivalence(runs, probes, lens, reference="pd-stock")
+    assert s["descriptor_pass"] is True and s["configs"]["shim"]["limit"] == 1.0
+    probes["shim"]["kv"]["descriptors_per_block"] = 2.0   # TRITON_MLA: 2 would pass a dense check, not MLA's
+    s = pdtools.summarize_equivalence(runs, probes, lens, reference="pd-stock")
+    assert s["descriptor_pass"] is False and not s["pass"]
+
+
+def test_reference_pd_stock_records_vllms_local_difference_and_keeps_teeth():
+    """MLA / Gemma 3 on 0.33.0: vLLM's own P/D (stock too) differs from local prefill.  With
+    reference pd-stock that difference is recorded, not failing; the shim must equal stock P/D."""
+    lens = [5, 100]
+    runs = {"local:stock": _run(lens), "pd:stock": _run(lens, shift=1, lp_shift=0.03),
+            "local:shim": _run(lens), "pd:shim": _run(lens, shift=1, lp_shift=0.03)}
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)   # reference local
+    assert not s["pass"] and not s["equivalence_pass"]                                # what it was before
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    assert s["pass"] and s["equivalence_pass"] and s["logprob_pass"] is True, (s["mismatches"], s["logprob_problems"])
+    assert s["baseline"] == "pd:stock" and s["reference"] == "pd-stock" and s["mismatches"] == []
+    assert set(s["local_vs_pd_stock"]) == {"local:stock", "local:shim"}
+    assert s["local_vs_pd_stock"]["local:stock"]["problems"][0].startswith("len 5: first difference")
+    assert s["configs"]["shim"]["pd_vs_local_is_vllms"] is True
+    text = pdtools.render_equivalence(s)
+    assert "stock P/D: EQ_REFERENCE=pd-stock" in text and "DIFFERENT (vLLM's)" in text and "recorded, not failing" in text
+    # teeth 1: the shim's ids differ from stock P/D
+    bad = dict(runs, **{"pd:shim": _run(lens, shift=2, lp_shift=0.03)})
+    s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    assert not s["pass"] and s["mismatches"][0].startswith("pd:shim vs pd:stock: len 5")
+    # teeth 2: same ids, other logprobs (default kernels too: identical is asked for, up to the tolerance)
+    for bi in (True, False):
+        bad = dict(runs, **{"pd:shim": _run(lens, shift=1, lp_shift=0.03 + 2 ** -10)})
+        s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=bi, reference="pd-stock")
+        assert not s["pass"] and s["logprob_pass"] is False and "pd:shim vs pd:stock" in s["logprob_problems"][0]
+    s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=False, reference="pd-stock", logprob_tol=0.01)
+    assert s["pass"]
+    # teeth 3: the negative control is judged against stock P/D
+    nc = dict(runs, **{"pd:nc-shim": _run([100], shift=1, lp_shift=0.03 + 1e-3)})
+    s = pdtools.summarize_equivalence(nc, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    assert s["pass"] and s["negative_control"][0]["detected"] and s["negative_control"][0]["compared_with"] == "pd:stock"
+    nc["pd:nc-shim"] = _run([100], shift=1, lp_shift=0.03)    # a control identical to stock P/D: not detected
+    s = pdtools.summarize_equivalence(nc, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    assert not s["pass"] and s["negative_control_pass"] is False
+    # no stock P/D run: no reference, no pass
+    s = pdtools.summarize_equivalence({"local:shim": _run(lens), "pd:shim": _run(lens)}, _probes(), lens,
+                                      batch_invariant=True, reference="pd-stock")
+    assert not s["pass"] and "no pd:stock run" in s["mismatches"][0]
+    with pytest.raises(ValueError):
+        pdtools.summarize_equivalence(runs, _probes(), lens, reference="bogus")

@@ -572,3 +572,100 @@ def test_handoff_lever_configs():
     # a stock config after a lever config starts its proxy without the lever's flag
     r = _lib('config_env shim-ids; config_env stock; echo "[${CFG_PROXY_ARGS[*]}]"')
     assert r.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ model families (issue 32) ----
+def _family_model(tmp_path, family):
+    model = tmp_path / ("model-" + family)
+    model.mkdir(exist_ok=True)
+    cfg = {"mla": {"model_type": "deepseek_v2", "num_hidden_layers": 8, "num_attention_heads": 16,
+                   "num_key_value_heads": 16, "hidden_size": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64},
+           "sliding-hybrid": {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 8,
+                              "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 2560, "sliding_window": 256,
+                              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2}}[family]
+    (model / "config.json").write_text(json.dumps(cfg))
+    return str(model)
+
+
+def test_model_arch_picks_the_generated_models_folder_and_the_reference_needs_stock(tmp_path):
+    assert _lib("model_dir_for qwen3").stdout.strip() == "/tmp/xlkv-model"          # as before
+    assert _lib("model_dir_for deepseek_v2").stdout.strip() == "/tmp/xlkv-model-deepseek_v2"
+    # the model step passes MODEL_ARCH on (make_model.py --arch)
+    text = open(os.path.join(EXP, "run_gpu_cell.sh")).read()
+    assert 'make_model.py" "$(model_dir_for "$MODEL_ARCH")" --arch "$MODEL_ARCH"' in text
+    e = _env(tmp_path, MODEL=_family_model(tmp_path, "mla"), EQ_CONFIGS="shim")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert r.returncode == 2 and "reference: pd-stock (EQ_REFERENCE=auto, a mla model)" in r.stderr, r.stderr[-2000:]
+    assert "put stock in EQ_CONFIGS" in r.stderr
+    e["EQ_REFERENCE"] = "nearby"
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert r.returncode == 2 and "EQ_REFERENCE must be auto, local or pd-stock" in r.stderr
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_mla_equivalence_against_stock_pd_with_registered_bytes(tmp_path):
+    """An MLA model (DeepSeek-V2-shaped config): EQ_REFERENCE=auto compares with stock P/D, whose
+    answers differ from local prefill here (FAKE_PD_CORRUPT: every P/D answer, stock too, as vLLM's
+    own P/D did on 0.33.0); D's registration report gives 144 KiB per block, so the probe's 100
+    blocks and the shim's 1 descriptor per block come out right; the negative control is detected
+    against stock P/D."""
+    mla_block = 16 * 8 * (512 + 64) * 2
+    e = _env(tmp_path, MODEL=_family_model(tmp_path, "mla"), EQ_CONFIGS="stock shim", EQ_LENGTHS="5,100",
+             EQ_NEGATIVE_CONTROL="shim", EQ_NC_LENGTHS="100", EQ_JSON=str(tmp_path / "eq.json"),
+             FAKE_MLA="1", FAKE_BLOCK_BYTES=str(mla_block), FAKE_STOCK_DESC="8", FAKE_PD_CORRUPT="1")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert s["reference"] == "pd-stock" and s["model_family"] == "mla" and s["baseline"] == "pd:stock"
+    assert s["pass"] and s["negative_control_pass"] is True and s["negative_control"][0]["compared_with"] == "pd:stock"
+    assert set(s["local_vs_pd_stock"]) == {"local:stock", "local:shim"}          # vLLM's, recorded
+    assert all(d["problems"] for d in s["local_vs_pd_stock"].values())
+    shim, stock = s["configs"]["shim"], s["configs"]["stock"]
+    assert shim["bytes_per_block"] == mla_block and shim["bytes_per_block_source"] == "registration"
+    assert shim["blocks_per_transfer"] == pytest.approx(100) and shim["descriptors_per_block"] == pytest.approx(1)
+    assert shim["limit"] == 1.0 and shim["attn_backend"] == "FLASH_ATTN_MLA"
+    assert stock["descriptors_per_block"] == pytest.approx(8) and stock["registered_regions_per_block_id"] == [8]
+    assert shim["kv_blocks_per_prompt"] == {"5": 1.0, "100": 7.0}
+    assert "DIFFERENT (vLLM's)" in r.stdout and "recorded, not failing" in r.stdout
+    # every D got the registration report (stock too), no P did; the controls' D has the hook once
+    cmds = (tmp_path / "work" / "commands.txt").read_text().splitlines()
+    d_lines = [l for l in cmds if l.startswith("D[")]
+    assert len(d_lines) == 3 and all("XLKV_REGISTRATION_REPORT=" in l and "negative_control:" in l for l in d_lines)
+    assert all(l.count("/negative_control:") == 1 for l in d_lines)
+    assert not any("XLKV_REGISTRATION_REPORT" in l for l in cmds if l.startswith("P["))
+    # planted: the old baseline (local prefill) fails on vLLM's own difference, and without D's
+    # report an MLA model's blocks are unknown (never the dense formula's 1 MiB), so the check fails
+    e.update(EQ_REFERENCE="local", REG_REPORT="0", EQ_NEGATIVE_CONTROL="", EQ_JSON=str(tmp_path / "eq2.json"))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq2.json").read_text())
+    assert s["equivalence_pass"] is False and s["descriptor_pass"] is False
+    assert s["configs"]["shim"]["blocks_per_transfer"] is None and s["configs"]["shim"]["bytes_per_block"] == 0
+    assert "no usable registration report from D for a mla model" in r.stderr
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_sliding_window_hybrid_descriptors_are_per_block_id(tmp_path):
+    """6 KV cache groups (1 full, 5 sliding with a 17-block window): a P/D answer pulls the full
+    group's blocks plus each sliding group's tail; descriptors per block id from the bytes D
+    registered per block id."""
+    e = _env(tmp_path, MODEL=_family_model(tmp_path, "sliding-hybrid"), EQ_CONFIGS="stock shim",
+             EQ_LENGTHS="5,1000", EQ_JSON=str(tmp_path / "eq.json"), FAKE_KV_GROUPS="6", FAKE_SHIM_DESC="1")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert s["reference"] == "pd-stock" and s["model_family"] == "sliding-hybrid" and s["pass"]
+    shim, stock = s["configs"]["shim"], s["configs"]["stock"]
+    assert shim["kv_cache_groups"] == 6 and shim["bytes_per_block_source"] == "registration"
+    # probe 1600 tokens: 100 + 5 * 17 block ids; 1000 tokens: 63 + 5 * 17
+    assert shim["blocks_per_transfer"] == pytest.approx(185) and shim["descriptors_per_block"] == pytest.approx(1)
+    assert stock["descriptors_per_block"] == pytest.approx(56)
+    assert shim["kv_blocks_per_prompt"] == {"5": 6.0, "1000": 148.0}
+    assert shim["kv"]["blocks_expected"] is None   # a prompt's length does not give a hybrid's blocks

@@ -7,7 +7,7 @@ pd_bench.sh to run end to end without a GPU:
   of the prompt ids; P/D via kv_transfer_params like NixlConnector; streaming), /metrics
   with the NIXL histograms' _sum/_count, and the periodic "KV Transfer metrics: ..." log
   line in vLLM's own format (``", ".join(f"{k}={v}")`` of NixlKVConnectorStats.reduce()).
-  Descriptors per KV block: 56 (stock), 1 with ENABLE_XLKV=true (FAKE_SHIM_DESC overrides)
+  Descriptors per KV block: 56 (stock; FAKE_STOCK_DESC overrides), 1 with ENABLE_XLKV=true (FAKE_SHIM_DESC overrides)
   or with kv_connector_extra_config.enable_cross_layers_blocks.
   FAKE_PD_CORRUPT=1 makes the decode side of P/D requests generate other tokens.
   Logprobs (``logprobs: k``, ``return_tokens_as_token_ids``) in the completions API's format: a
@@ -17,6 +17,11 @@ pd_bench.sh to run end to end without a GPU:
   (the hook's sitecustomize loaded) shifts the logprobs of P/D answers by 1e-3, ids unchanged.
   FAKE_NO_TRANSFER=1: the decode side serves P/D requests without pulling KV (as from a
   prefix cache): the NIXL counters do not move.
+  Model shapes: FAKE_BLOCK_BYTES (bytes one block id moves; default the Qwen3-0.6B dense block),
+  FAKE_KV_GROUPS=G (G > 1: a sliding-window hybrid: one full group, G-1 sliding groups that send
+  only their last FAKE_WINDOW_BLOCKS=17 blocks), FAKE_MLA=1 (an MLA backend, FAKE_BACKEND names
+  it).  At start-up the server "registers" its KV caches through the fake worker
+  (vllm/distributed/.../v1/nixl_connector.py), so the registration report hook sees them.
 * ``bench serve``: concurrent streamed requests through --base-url, writes a result JSON
   with the keys `vllm bench serve` writes (mean_ttft_ms, ...).
 """
@@ -77,14 +82,23 @@ def serve(argv):
     kvcfg = json.loads(a.kv_transfer_config)
     native = str(kvcfg.get("kv_connector_extra_config", {}).get("enable_cross_layers_blocks", "")).lower() == "true"
     shim = os.environ.get("ENABLE_XLKV", "").lower() == "true"
-    per_block = 56
+    per_block = int(os.environ.get("FAKE_STOCK_DESC", "56"))
     if native and os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") != "1":
         per_block = 1
     if shim:
         per_block = int(os.environ.get("FAKE_SHIM_DESC", "1"))
+    block_bytes = int(os.environ.get("FAKE_BLOCK_BYTES", BLOCK_BYTES))
+    groups = int(os.environ.get("FAKE_KV_GROUPS", "1"))
+    window_blocks = int(os.environ.get("FAKE_WINDOW_BLOCKS", "17"))
+    mla = os.environ.get("FAKE_MLA") == "1"
+    backend = os.environ.get("FAKE_BACKEND", "FLASH_ATTN_MLA" if mla else "FLASH_ATTN")
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector import NixlConnectorWorker
+
+    NixlConnectorWorker(per_block, block_bytes, groups, window_blocks * a.block_size, mla,
+                        "BLNHC" if per_block == 1 else "NHD", backend).register_kv_caches({})
     interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
     print("INFO fake vllm serve: VLLM_BATCH_INVARIANT=%s" % os.environ.get("VLLM_BATCH_INVARIANT", "<unset>"), flush=True)
-    print("INFO [cuda.py:373] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].",
+    print("INFO [cuda.py:373] Using %s attention backend out of potential backends: ['%s']." % (backend, backend),
           flush=True)
     if _negative_control_loaded():
         print("INFO fake vllm serve: negative-control hook loaded", flush=True)
@@ -156,12 +170,14 @@ def serve(argv):
             corrupt = False  # served as if from a prefix cache: nothing pulled
         elif kvp.get("do_remote_prefill"):
             nb = len(kvp["remote_block_ids"])
+            # block ids pulled: every block of the full group, the window's tail of each sliding one
+            nb = nb + (groups - 1) * min(nb, window_blocks)
             pending["transfer_duration"].append(0.002)
-            pending["bytes_transferred"].append(nb * BLOCK_BYTES)
+            pending["bytes_transferred"].append(nb * block_bytes)
             pending["num_descriptors"].append(nb * per_block)
             prom["desc_sum"] += nb * per_block
             prom["count"] += 1
-            prom["bytes_sum"] += nb * BLOCK_BYTES
+            prom["bytes_sum"] += nb * block_bytes
             prom["time_sum"] += 0.002
             corrupt = os.environ.get("FAKE_PD_CORRUPT") == "1"
         toks = _gen(ids, n, corrupt)

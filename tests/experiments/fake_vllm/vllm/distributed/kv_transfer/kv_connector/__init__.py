@@ -1,0 +1,1 @@
+"""fake vLLM package (tests/experiments)."""
