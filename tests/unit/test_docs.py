@@ -99,6 +99,9 @@ def test_matrix_push_check_tells_vllms_failures_from_the_shims():
 
 
 GPU_PROVEN = os.path.join(ROOT, "experiments", "results", "gpu-proven.json")
+#: the GPU column's descriptor counts: checked against the file's configs.{stock,shim}
+#: blocks_per_transfer and descriptors_per_transfer
+DESCRIPTORS = r"(\d+)-block transfer: (\d+) descriptors stock, (\d+) with the shim"
 
 
 def _claim_problems(release, gpu_text, claims):
@@ -156,6 +159,14 @@ def _claim_problems(release, gpu_text, claims):
                 bad.append("%s: the words need --attention-backend %s in the claim's serve_args" % (where, backend))
         for n in re.findall(r"(\d+)-request fragmenting load", says):
             need["fragment_prompts"] = int(n)
+        for n, stock, shim in re.findall(DESCRIPTORS, says):  # "a 100-block transfer: 2800 descriptors stock, ..."
+            need["descriptor_pass"] = True
+            for config, count in (("stock", stock), ("shim", shim)):
+                got = (doc.get("configs") or {}).get(config) or {}
+                if (got.get("blocks_per_transfer"), got.get("descriptors_per_transfer")) != (float(n), float(count)):
+                    bad.append("%s: the file's %s config moved %s blocks in %s descriptors per transfer, the words "
+                               "say %s in %s" % (where, config, got.get("blocks_per_transfer"),
+                                                 got.get("descriptors_per_transfer"), n, count))
         for k, v in need.items():
             if fields.get(k.rstrip("_")) != v:
                 bad.append("%s: the words need %s=%r among the claim's fields" % (where, k.rstrip("_"), v))
@@ -169,7 +180,8 @@ def _claim_problems(release, gpu_text, claims):
             bad.append("%s: the ratio %s is not checked" % (where, m.group(1)))
     # every result word of the column lies inside a claim's words
     spans = [(i, i + len(c["says"])) for c in claims for i in [gpu_text.find(c["says"])] if i >= 0]
-    for word in re.finditer(r"PASS|\d+×H[12]00|\d+×\d+|TTFT|fragment\w*|TRITON_ATTN|FLASHINFER", gpu_text):
+    for word in re.finditer(r"PASS|\d+×H[12]00|\d+×\d+|TTFT|fragment\w*|TRITON_ATTN|FLASHINFER|\d+-block|"
+                            r"\d+ descriptors|\d+ with the shim", gpu_text):
         if not any(a <= word.start() and word.end() <= b for a, b in spans):
             bad.append("%s: %r at %d is backed by no claim" % (release, word.group(), word.start()))
     return bad
@@ -193,6 +205,23 @@ def test_the_gpu_column_check_catches_a_claim_its_file_contradicts():
     bad = _claim_problems("0.21.0", "2×H200: equivalence PASS (TP 1→1, 2→2), 64×10240 TTFT", claims)
     assert any("equivalence_pass is False in the file" in b for b in bad), bad
     assert any("'64×10240' at" in b for b in bad), bad  # a result word no claim backs
+
+
+def test_the_gpu_column_check_catches_descriptor_counts_its_file_contradicts():
+    # issue 31: "2800 descriptors stock, 28 with the shim" changed to 2900 / 19 passed every docs test
+    text = "1×H100: equivalence PASS (a 100-block transfer: 2900 descriptors stock, 19 with the shim)"
+    claims = [{"says": "1×H100: equivalence PASS", "file": "2026-11-24-equivalence-0.33.0-1xH100-triton-nc.json",
+               "fields": {"pass": True, "equivalence_pass": True, "gpu": "1xH100-80GB-HBM3"}},
+              {"says": "a 100-block transfer: 2900 descriptors stock, 19 with the shim",
+               "file": "2026-11-24-equivalence-0.33.0-1xH100-triton-nc.json", "fields": {"descriptor_pass": True}}]
+    bad = _claim_problems("0.33.0", text, claims)
+    assert any("stock config moved 100.0 blocks in 2800.0 descriptors per transfer, the words say 100 in 2900" in b
+               for b in bad), bad
+    assert any("shim config moved 100.0 blocks in 28.0 descriptors per transfer, the words say 100 in 19" in b
+               for b in bad), bad
+    # the counts left out of every claim's words: unchecked words are a problem too
+    bad = _claim_problems("0.33.0", text, claims[:1])
+    assert any("'2900 descriptors' at" in b for b in bad) and any("'19 with the shim' at" in b for b in bad), bad
 
 
 def test_upstream_tests_table_matches_the_result_files():
