@@ -238,6 +238,21 @@ def test_upstream_tests_table_matches_the_result_files():
         "README's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
 
 
+def test_readme_states_the_test_time_limits():
+    """README's test section names the per-test limits that pyproject.toml and tests/conftest.py set."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("xlkv_tests_conftest", os.path.join(ROOT, "tests", "conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    text = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
+    ini = open(os.path.join(ROOT, "pyproject.toml")).read()
+    default = int(re.search(r"^timeout = (\d+)$", ini, re.M).group(1))
+    assert re.search(r"^timeout_func_only = true$", ini, re.M)
+    limits = dict(conftest.TIME_LIMITS)
+    want = "pytest-timeout: %d s, tests/real %d s, `slow` tests %d s" % (default, limits["real"], limits["slow"])
+    assert want in text, "README should say %r" % want
+
+
 def test_readme_states_the_supported_range_of_the_release_table():
     """The README's opening names the range the shim enforces: both come from one table
     (xlkv_autopatch/releases.py), so adding a row makes this test name the README line to edit."""
