@@ -238,6 +238,28 @@ def test_upstream_tests_table_matches_the_result_files():
         "README's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
 
 
+def test_upstream_cpu_rows_count_the_ids_ci_runs():
+    """A 'CPU (pinned ids)' row of that table counts what CI runs (tests/real/test_upstream_nixl.py):
+    for every release pinned in experiments/upstream/cpu-passing.json, its result file holds exactly
+    the pinned ids in each mode (issue 31: the table said 101 for 0.33.0 where CI runs 102)."""
+    pins = json.load(open(os.path.join(ROOT, "experiments", "upstream", "cpu-passing.json")))
+    problems = []
+    for release, pin in sorted(pins.items()):
+        name = "upstream-tests-%s-cpu.json" % release
+        path = os.path.join(ROOT, "experiments", "results", name)
+        if not os.path.exists(path):
+            problems.append("vLLM %s is pinned for CI but has no %s" % (release, name))
+            continue
+        modes = json.load(open(path))["modes"]
+        want = set(pin["passing_stock"])
+        for mode in ("stock", "on"):
+            ids = set(modes.get(mode, {}).get("outcomes", {}))
+            if ids != want:
+                problems.append("%s, %s: %d ids, CI runs %d pinned ids (not in the file: %s; not pinned: %s)" % (
+                    name, mode, len(ids), len(want), sorted(want - ids)[:3], sorted(ids - want)[:3]))
+    assert problems == [], "\n".join(problems)
+
+
 def test_readme_states_the_test_time_limits():
     """README's test section names the per-test limits that pyproject.toml and tests/conftest.py set."""
     import importlib.util
