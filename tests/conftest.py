@@ -13,3 +13,21 @@ def _no_flag_from_the_shell(monkeypatch):
     """A developer's shell must not activate the shim inside the test process."""
     monkeypatch.delenv("ENABLE_XLKV", raising=False)
     monkeypatch.delenv("XLKV_VLLM_VERSION", raising=False)
+
+
+#: Per-test time limits in seconds, test body only (pytest-timeout; pyproject.toml sets the default,
+#: 600 s, and timeout_func_only). A test's own @pytest.mark.timeout wins. tests/real bodies start
+#: vLLM ranks and NIXL through the CPU harness (each run bounded at 900 s by its own subprocess
+#: time-out, a few per test); `slow` tests build wheels or virtual environments.
+TIME_LIMITS = (("real", 1800), ("slow", 1200))
+
+
+def pytest_collection_modifyitems(config, items):
+    real = os.path.join(ROOT, "tests", "real") + os.sep
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        for what, seconds in TIME_LIMITS:
+            if (str(item.fspath).startswith(real) if what == "real" else item.get_closest_marker(what)):
+                item.add_marker(pytest.mark.timeout(seconds))
+                break

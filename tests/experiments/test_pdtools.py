@@ -610,6 +610,26 @@ def test_handoff_split_from_the_proxy_d_request_metrics_and_nixl():
                                   QWEN3_BLOCK)["handoff_split_ms"] is None
 
 
+def test_handoff_split_without_nixl_time_keeps_the_read_inside_one_named_part():
+    """a cell whose D page had no NIXL transfer time (no kv_read): the read, the notice and the first
+    token stay one part, named so, and the parts after P's answer still add up to the proxy's D time"""
+    cell = {"avg_proxy_prefill_ms": 400.0, "avg_proxy_decode_first_ms": 320.0, "avg_d_ttft_ms": 300.0,
+            "avg_d_queue_ms": 50.0, "avg_d_prefill_ms": 200.0, "avg_xfer_ms": None}
+    split = pdtools.results.handoff_split(cell)
+    assert split == {"p_answer": 400, "d_frontend": 20, "d_ingress": 50, "d_queue": 50,
+                     "d_read_notice_first_token": 200}
+    assert sum(v for k, v in split.items() if k != "p_answer") == pytest.approx(320)
+    # the same cell through cell_from_runs: D's request metrics on the page, no NIXL counters
+    kv = {"d_ttft_ms": 300.0, "d_queue_ms": 50.0, "d_prefill_ms": 200.0}
+    proxy = {"prefill_ms_mean": 400.0, "decode_first_ms_mean": 320.0}
+    c = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [kv], [], QWEN3_BLOCK, [proxy])
+    assert c["avg_xfer_ms"] is None and c["handoff_split_ms"] == split
+    # any one of D's request metrics missing: no split at all (never a part guessed from the others)
+    for k in ("avg_proxy_prefill_ms", "avg_proxy_decode_first_ms", "avg_d_ttft_ms", "avg_d_queue_ms",
+              "avg_d_prefill_ms"):
+        assert pdtools.results.handoff_split(dict(cell, **{k: None})) is None, k
+
+
 def test_merge_keeps_per_rep_lists_aligned_when_an_older_file_lacks_a_key():
     old = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [None], [], QWEN3_BLOCK)
     for k in ("d_ttft_ms", "d_queue_ms", "d_prefill_ms"):

@@ -203,6 +203,29 @@ def test_over_allocated_tensors(vllm_env, tmp_path):
     assert r["cases"]["virtual"]["ok"] is True, r["cases"]["virtual"]
 
 
+def test_regions_that_disagree_on_their_block_count_are_refused(vllm_env, tmp_path):
+    """D's connector worker is handed, at registration, regions that disagree on their block count
+    (--plant-fault uneven-regions: the cross-layer tensor plus a view one block shorter; 0.29+: the
+    first layer's view one block short).  vLLM 0.12-0.17 take the count from the first region and
+    check no other, so without xlkv's refusal (patches/block_count.py) they register them and the
+    run completes (issue 31: removing the refusal passed every test; on 0.14.1 this run then
+    verified its transfer).  Refused at D's registration, before any metadata is published."""
+    r = harness(vllm_env[1], tmp_path, "uneven", "--case", "noncontig", "--plant-fault", "uneven-regions",
+                env={"ENABLE_XLKV": "true"})
+    text = json.dumps(r["errors"])
+    assert r["transfer_verified"] is False and r["cases"] == {}, (r["cases"], text[-3000:])
+    assert "D setup" in text, text[-3000:]
+    disagree = ("refusing to register the KV cache with NIXL: tensors disagree on their block count" in text
+                and "and this vLLM indexes every region with one count" in text)
+    if release_of(vllm_env) < (0, 29):
+        assert disagree, text[-3000:]
+    else:
+        # 0.29+ register per-layer views: xlkv's check where vLLM indexes every region with one
+        # count, or (0.33, a count per region) vLLM's own check, named by xlkv with the fix
+        assert disagree or ("vLLM cannot register this KV cache with NIXL in the block-outermost layout" in text
+                            and "KV cache tensor has too few blocks" in text), text[-3000:]
+
+
 #: the harness's block orders of a loaded server -> descriptors NIXL may move per cross-layer
 #: descriptor of a block once xlkv ordered the pairs (patches/transfer_order.py)
 ORDER_CASES = {"reversed": 1, "interleaved": 2, "shared": 1}

@@ -99,6 +99,9 @@ def test_matrix_push_check_tells_vllms_failures_from_the_shims():
 
 
 GPU_PROVEN = os.path.join(ROOT, "experiments", "results", "gpu-proven.json")
+#: the GPU column's descriptor counts: checked against the file's configs.{stock,shim}
+#: blocks_per_transfer and descriptors_per_transfer
+DESCRIPTORS = r"(\d+)-block transfer: (\d+) descriptors stock, (\d+) with the shim"
 
 
 def _claim_problems(release, gpu_text, claims):
@@ -156,6 +159,14 @@ def _claim_problems(release, gpu_text, claims):
                 bad.append("%s: the words need --attention-backend %s in the claim's serve_args" % (where, backend))
         for n in re.findall(r"(\d+)-request fragmenting load", says):
             need["fragment_prompts"] = int(n)
+        for n, stock, shim in re.findall(DESCRIPTORS, says):  # "a 100-block transfer: 2800 descriptors stock, ..."
+            need["descriptor_pass"] = True
+            for config, count in (("stock", stock), ("shim", shim)):
+                got = (doc.get("configs") or {}).get(config) or {}
+                if (got.get("blocks_per_transfer"), got.get("descriptors_per_transfer")) != (float(n), float(count)):
+                    bad.append("%s: the file's %s config moved %s blocks in %s descriptors per transfer, the words "
+                               "say %s in %s" % (where, config, got.get("blocks_per_transfer"),
+                                                 got.get("descriptors_per_transfer"), n, count))
         for k, v in need.items():
             if fields.get(k.rstrip("_")) != v:
                 bad.append("%s: the words need %s=%r among the claim's fields" % (where, k.rstrip("_"), v))
@@ -169,7 +180,8 @@ def _claim_problems(release, gpu_text, claims):
             bad.append("%s: the ratio %s is not checked" % (where, m.group(1)))
     # every result word of the column lies inside a claim's words
     spans = [(i, i + len(c["says"])) for c in claims for i in [gpu_text.find(c["says"])] if i >= 0]
-    for word in re.finditer(r"PASS|\d+×H[12]00|\d+×\d+|TTFT|fragment\w*|TRITON_ATTN|FLASHINFER", gpu_text):
+    for word in re.finditer(r"PASS|\d+×H[12]00|\d+×\d+|TTFT|fragment\w*|TRITON_ATTN|FLASHINFER|\d+-block|"
+                            r"\d+ descriptors|\d+ with the shim", gpu_text):
         if not any(a <= word.start() and word.end() <= b for a, b in spans):
             bad.append("%s: %r at %d is backed by no claim" % (release, word.group(), word.start()))
     return bad
@@ -195,6 +207,23 @@ def test_the_gpu_column_check_catches_a_claim_its_file_contradicts():
     assert any("'64×10240' at" in b for b in bad), bad  # a result word no claim backs
 
 
+def test_the_gpu_column_check_catches_descriptor_counts_its_file_contradicts():
+    # issue 31: "2800 descriptors stock, 28 with the shim" changed to 2900 / 19 passed every docs test
+    text = "1×H100: equivalence PASS (a 100-block transfer: 2900 descriptors stock, 19 with the shim)"
+    claims = [{"says": "1×H100: equivalence PASS", "file": "2026-11-24-equivalence-0.33.0-1xH100-triton-nc.json",
+               "fields": {"pass": True, "equivalence_pass": True, "gpu": "1xH100-80GB-HBM3"}},
+              {"says": "a 100-block transfer: 2900 descriptors stock, 19 with the shim",
+               "file": "2026-11-24-equivalence-0.33.0-1xH100-triton-nc.json", "fields": {"descriptor_pass": True}}]
+    bad = _claim_problems("0.33.0", text, claims)
+    assert any("stock config moved 100.0 blocks in 2800.0 descriptors per transfer, the words say 100 in 2900" in b
+               for b in bad), bad
+    assert any("shim config moved 100.0 blocks in 28.0 descriptors per transfer, the words say 100 in 19" in b
+               for b in bad), bad
+    # the counts left out of every claim's words: unchecked words are a problem too
+    bad = _claim_problems("0.33.0", text, claims[:1])
+    assert any("'2900 descriptors' at" in b for b in bad) and any("'19 with the shim' at" in b for b in bad), bad
+
+
 def test_upstream_tests_table_matches_the_result_files():
     """README's table of vLLM's own NIXL tests is the rendering of experiments/results/upstream-tests-*.json."""
     import importlib.util
@@ -207,6 +236,43 @@ def test_upstream_tests_table_matches_the_result_files():
     start, end = readme.index(upstream.TABLE_START), readme.index(upstream.TABLE_END)
     assert readme[start + len(upstream.TABLE_START):end].strip() == upstream.table(), (
         "README's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
+
+
+def test_upstream_cpu_rows_count_the_ids_ci_runs():
+    """A 'CPU (pinned ids)' row of that table counts what CI runs (tests/real/test_upstream_nixl.py):
+    for every release pinned in experiments/upstream/cpu-passing.json, its result file holds exactly
+    the pinned ids in each mode (issue 31: the table said 101 for 0.33.0 where CI runs 102)."""
+    pins = json.load(open(os.path.join(ROOT, "experiments", "upstream", "cpu-passing.json")))
+    problems = []
+    for release, pin in sorted(pins.items()):
+        name = "upstream-tests-%s-cpu.json" % release
+        path = os.path.join(ROOT, "experiments", "results", name)
+        if not os.path.exists(path):
+            problems.append("vLLM %s is pinned for CI but has no %s" % (release, name))
+            continue
+        modes = json.load(open(path))["modes"]
+        want = set(pin["passing_stock"])
+        for mode in ("stock", "on"):
+            ids = set(modes.get(mode, {}).get("outcomes", {}))
+            if ids != want:
+                problems.append("%s, %s: %d ids, CI runs %d pinned ids (not in the file: %s; not pinned: %s)" % (
+                    name, mode, len(ids), len(want), sorted(want - ids)[:3], sorted(ids - want)[:3]))
+    assert problems == [], "\n".join(problems)
+
+
+def test_readme_states_the_test_time_limits():
+    """README's test section names the per-test limits that pyproject.toml and tests/conftest.py set."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("xlkv_tests_conftest", os.path.join(ROOT, "tests", "conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    text = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
+    ini = open(os.path.join(ROOT, "pyproject.toml")).read()
+    default = int(re.search(r"^timeout = (\d+)$", ini, re.M).group(1))
+    assert re.search(r"^timeout_func_only = true$", ini, re.M)
+    limits = dict(conftest.TIME_LIMITS)
+    want = "pytest-timeout: %d s, tests/real %d s, `slow` tests %d s" % (default, limits["real"], limits["slow"])
+    assert want in text, "README should say %r" % want
 
 
 def test_readme_states_the_supported_range_of_the_release_table():

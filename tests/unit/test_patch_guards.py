@@ -280,6 +280,19 @@ def test_block_counts_reconciled_before_registration(release):
     assert block_count.register_wrapper(original, w, ({"mla.device": _fa(9), "mla.host": _fa(4)},), {}) == "registered"
 
 
+def test_regions_that_disagree_refused_where_vllm_checks_no_count(release):
+    """0.12-0.17 take the registered count from the first region and check no other (no budget,
+    so no reconciliation behind this check): the refusal is the only guard there (issue 31; on real
+    vLLM: tests/real/test_pd_transfer.py, --plant-fault uneven-regions)."""
+    release("0.14.1")
+    assert not facts.current().budget_block_count
+    seen = []
+    w = worker(num_blocks=40)
+    with pytest.raises(XlkvRegistrationError, match=r"tensors disagree on their block count \(l0\[0\]=40, l0\[1\]=39\)"):
+        block_count.register_wrapper(lambda kv_caches: seen.append(kv_caches), w, ({"l0": [_fa(40)[0], _fa(39)[0]]},), {})
+    assert seen == []  # vLLM's registration never ran
+
+
 def test_model_runner_forces_v1_only_when_it_should(monkeypatch):
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     nixl = types.SimpleNamespace(kv_connector="NixlConnector", kv_connector_extra_config={})

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 
 from xlkv_autopatch import catalogue, facts, releases
+from xlkv_autopatch._version import __version__
 from xlkv_autopatch.errors import XlkvUnsupportedVersion
 from xlkv_autopatch.patches import all_groups
 
@@ -295,7 +296,18 @@ def test_a_row_for_0_34_is_all_it_takes(with_0_34, monkeypatch, tmp_path, capsys
     meta = tmp_path / "vllm-0.34.0.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
+    # and the shim's own metadata with its plugin entry point, as a pip install leaves it: status
+    # reports "no activation path" (a PROBLEM, exit 1) in a plain checkout run through PYTHONPATH,
+    # and this test is about 0.34, not about how the shim was installed (importlib.metadata reads
+    # the first distribution of a name on sys.path, so an installed copy changes nothing either)
+    from xlkv_autopatch import status_report
+    shim = tmp_path / ("xlkv_autopatch-%s.dist-info" % __version__)
+    shim.mkdir()
+    (shim / "METADATA").write_text("Metadata-Version: 2.1\nName: xlkv_autopatch\nVersion: %s\n" % __version__)
+    (shim / "entry_points.txt").write_text("[%s]\n%s = xlkv_autopatch.plugin:register\n"
+                                           % (status_report.PLUGIN_GROUP, status_report.PLUGIN_NAME))
     monkeypatch.syspath_prepend(str(tmp_path))
+    assert status_report.plugin_entry_points() == ["xlkv_autopatch = xlkv_autopatch.plugin:register"]
     for name in ("XLKV_VLLM_VERSION", "XLKV_COALESCE", "XLKV_STRICT", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
                  "VLLM_PLUGINS"):
         monkeypatch.delenv(name, raising=False)

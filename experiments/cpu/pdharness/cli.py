@@ -50,11 +50,13 @@ def build_parser():
     ap.add_argument("--kv-heads", type=int, default=model.NUM_KV_HEADS,
                     help="KV heads of the model (default %d; each TP rank holds KV heads / TP)"
                     % model.NUM_KV_HEADS)
-    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder"), default=None,
+    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder", "uneven-regions"), default=None,
                     help="harness self-test, the run must fail: 'corrupt' changes one received "
                          "element on D's last rank; 'swap-d-ranks' starts D's ranks in reverse "
                          "order while the parent checks them as if they were in order; 'misorder' reverses the local "
-                         "descriptor ids of every transfer without their remote partners")
+                         "descriptor ids of every transfer without their remote partners; 'uneven-regions' hands "
+                         "D's connector worker, at registration, regions that disagree on their block count (the "
+                         "first layer one block short, or the cross-layer tensor plus a view one block shorter)")
     ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
                     help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
                          "into D's blocks; releases that have it, TP 1 only)")

@@ -3,7 +3,8 @@ connector from the real factory, the KV cache from the release's own planner and
 runner, and the registration with the connector.  Runs inside a rank worker process.
 
 TEST-HARNESS PATCHING (not product code): force_platform and the --kernel-block-size
-override below; nothing of vLLM's KV/NIXL logic is mocked."""
+override below, and --plant-fault uneven-regions (a self-test); nothing of vLLM's KV/NIXL logic
+is mocked."""
 import json
 import os
 
@@ -57,7 +58,7 @@ def setup(role, args, tmpdir):
     """Build config, connector, KV cache, registration. Returns a dict of state."""
     import importlib.metadata as md
 
-    state = {"role": role}
+    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None)}
     state["platform"] = force_platform()
 
     # what the engine core / worker do first: load general plugins (the shim may be one)
@@ -302,8 +303,37 @@ def _init_connector(cfg, kvcc, layout_api, state):
             state["kv_layout"] = f"n/a ({e!r})"
 
 
+def plant_uneven_regions(state):
+    """--plant-fault uneven-regions (harness self-test of a refusal; D only): the connector
+    worker's register_kv_caches gets regions that disagree on their block count, as an
+    allocator whose tensors differ in size would hand them over: a per-layer registration
+    (0.29+ views; several entries) gets its first layer one block short; a registration of one
+    entry (the cross-layer tensor, 0.12-0.28) gets that entry as vLLM's list of regions plus a
+    view of it holding one block fewer.  A harness wrapper on the worker instance, outside
+    anything that patched its class; vLLM's registration code itself is untouched."""
+    worker = getattr(state["conn"], "connector_worker", None)
+    if worker is None:
+        return
+    registered = worker.register_kv_caches
+
+    def uneven(kv_caches, *args, **kwargs):
+        kv_caches = dict(kv_caches)
+        name = next(iter(kv_caches))
+        value = kv_caches[name]
+        if len(kv_caches) > 1 and not isinstance(value, (list, tuple)):
+            kv_caches[name] = value[:-1]
+        else:
+            regions = list(value) if isinstance(value, (list, tuple)) else [value]
+            kv_caches[name] = regions + [regions[0][:-1]]
+        return registered(kv_caches, *args, **kwargs)
+
+    worker.register_kv_caches = uneven
+
+
 def _allocate_and_register(cfg, kvcc, backend, names, state):
     outer = state["outer"]
+    if state["role"] == "d" and state.get("plant_fault") == "uneven-regions":
+        plant_uneven_regions(state)
     runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
     view = tuple(kv_caches[names[0]].shape)
     if state["tensor_blocks"] not in view and model.NUM_BLOCKS * state["kernel_ratio"] in view:
