@@ -17,12 +17,15 @@ def _activate():
     if os.environ.get("ENABLE_XLKV", "").strip().lower() in ("", "0", "false", "no", "off"):
         return  # the flag is off: import nothing (an unrecognised value goes on, and activate() refuses it)
     try:
-        from xlkv_autopatch._startup import activate
-
-        activate("sitecustomize")
-    except Exception as e:  # the vLLM plugin path raises loudly later
+        from xlkv_autopatch._startup import start
+    except Exception as e:  # nothing of the package can run, so nothing can refuse: say it runs stock
         if not getattr(sys, "_xlkv_autopatch_pth_ran", False):  # the .pth printed this error already
-            sys.stderr.write("xlkv_autopatch: sitecustomize activation failed (%s: %s)\n" % (type(e).__name__, e))
+            sys.stderr.write("xlkv_autopatch: sitecustomize activation failed (%s: %s); this process runs STOCK "
+                             "vLLM with ENABLE_XLKV set. Fix: put the checkout on PYTHONPATH whole, or unset "
+                             "ENABLE_XLKV\n" % (type(e).__name__, e))
+        return
+    # as the .pth hook does: activate, or print the error once and refuse every import of vLLM with it
+    start("sitecustomize")
 
 
 def _chain():

@@ -263,19 +263,14 @@ config_supported() {
     native-v1)
       if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
       echo "native-v1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
-    shim-keep-order|shim-ucx|shim-notice|shim-ids) shim_supported ;;
-    shim-early|shim-levers|shim-all)
-      if version_lt "$VLLM_VERSION" 0.29; then
-        echo "$1: XLKV_EARLY_LOAD acts on vLLM 0.29+ only (earlier releases post KV loads before the forward already; this is $VLLM_VERSION)"; return 1
-      fi
-      shim_supported ;;
+    shim-keep-order|shim-ucx|shim-ids) shim_supported ;;
     shim-ray)
       if ! "$PY" -c 'import ray' 2>/dev/null; then
         echo "shim-ray: ray is not importable here (build the bundle with XLKV_BUNDLE_EXTRA=ray)"; return 1
       fi
       shim_supported ;;
     nc-*) config_supported "${1#nc-}" ;;
-    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ucx, shim-ray, shim-early, shim-notice, shim-levers, shim-ids, shim-all, native, native-v1, nc-<config>)"; return 1 ;;
+    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ucx, shim-ray, shim-ids, native, native-v1, nc-<config>)"; return 1 ;;
   esac
 }
 
@@ -317,14 +312,8 @@ config_env() {
     # the shim with more NIXL UCX threads (vLLM passes kv_connector_extra_config.num_threads to
     # nixl_agent_config; its default is 4): the ablation row of the UCX lever
     shim-ucx) CFG_ENV=(ENABLE_XLKV=true); CFG_KV_EXTRA="{\"num_threads\": ${UCX_NUM_THREADS:-8}}" ;;
-    # the P/D handoff levers (issue 22), each an ablation row: decode posts KV reads at bind, before
-    # the forward launch (0.29+); decode waits up to 5 ms per step for reads in flight; both
-    shim-early) CFG_ENV=(ENABLE_XLKV=true XLKV_EARLY_LOAD=1) ;;
-    shim-notice) CFG_ENV=(ENABLE_XLKV=true XLKV_NOTICE_WAIT=1) ;;
-    shim-levers) CFG_ENV=(ENABLE_XLKV=true XLKV_EARLY_LOAD=1 XLKV_NOTICE_WAIT=1) ;;
     # proxy-side lever (experiments only, not the shim's): D gets P's prompt token ids, not the text
     shim-ids) CFG_ENV=(ENABLE_XLKV=true); CFG_PROXY_ARGS=(--token-ids-to-d) ;;
-    shim-all) config_env shim-levers; CFG_PROXY_ARGS=(--token-ids-to-d) ;;
     # the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker as README says
     shim-ray) CFG_ENV=(ENABLE_XLKV=true); CFG_D_ENV=(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV)
       CFG_D_ARGS=(--distributed-executor-backend ray) ;;

@@ -10,11 +10,12 @@ which tests/unit/test_pth.py checks.  After editing: ``python -m xlkv_autopatch.
 
 What the hook does, flag not off:
 * once per process (site.py of a Python 3.11 venv runs the .pth files of its site-packages
-  twice, and an overlay environment may have a second copy): ``_startup.activate('pth')``;
-* if that fails, one line on stderr, and nothing else: a .pth cannot stop the interpreter.  An
-  unrecognised knob value or a missing wrapt is raised again by the vLLM plugin, which stops
-  vLLM; a package that cannot be imported at all cannot stop anything, so the line says that
-  vLLM runs stock.
+  twice, and an overlay environment may have a second copy): ``_startup.start('pth')``, which
+  activates the shim or, when activation fails (an unrecognised knob value, a missing wrapt),
+  prints the error once and arms it: every later import of vLLM in the process raises it (a
+  .pth cannot stop the interpreter, and must not stop processes that never use vLLM);
+* if the package itself cannot be imported, one line on stderr and nothing else: nothing of it
+  can stop vLLM, so the line says that vLLM runs stock.
 """
 
 import os
@@ -27,22 +28,24 @@ MARK = "_xlkv_autopatch_pth_ran"  # set on sys by the first run in a process (si
 
 GONE = ("the package itself cannot be imported (an install whose files are gone?), so nothing of it can stop vLLM: "
         "with ENABLE_XLKV set this process runs STOCK vLLM. Fix: reinstall xlkv_autopatch, or unset ENABLE_XLKV")
-REFUSED = "vLLM will refuse to start while ENABLE_XLKV is set"
+BROKEN = ("its start-up code cannot run (a broken or mixed install?): the vLLM plugin may still refuse to start, "
+          "otherwise this process runs STOCK vLLM with ENABLE_XLKV set. Fix: reinstall xlkv_autopatch, or unset "
+          "ENABLE_XLKV")
 
 HOOK = """\
 if os.environ.get({flag!r}, '').strip().lower() not in {falsy!r} and not getattr(sys, {mark!r}, False):
  sys.{mark} = True
  try:
-  from xlkv_autopatch._startup import activate
-  activate('pth')
+  from xlkv_autopatch._startup import start
+  start('pth')
  except Exception as e:
   gone = getattr(e, 'name', None) == 'xlkv_autopatch'
-  sys.stderr.write('xlkv_autopatch: start-up hook failed (%s: %s); %s\\n' % (type(e).__name__, e, {gone!r} if gone else {refused!r}))"""
+  sys.stderr.write('xlkv_autopatch: start-up hook failed (%s: %s); %s\\n' % (type(e).__name__, e, {gone!r} if gone else {broken!r}))"""
 
 
 def render():
     """The one line of ``xlkv_autopatch.pth``."""
-    code = HOOK.format(flag=FLAG, falsy=FALSY, mark=MARK, gone=GONE, refused=REFUSED)
+    code = HOOK.format(flag=FLAG, falsy=FALSY, mark=MARK, gone=GONE, broken=BROKEN)
     line = "import os, sys; exec(%r)\n" % code
     assert line.count("\n") == 1  # one line: site.py reads no other
     return line

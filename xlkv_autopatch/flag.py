@@ -1,25 +1,24 @@
 """Every on/off environment variable of the shim (its *knobs*), parsed by one function.
 Standard library only: vLLM's plugin loader imports this with the flag off.
 
-=============  =======  ================  =======  ===============================================================
-knob              default  what "on" means
-================  =======  ===============================================================
-ENABLE_XLKV       off      the cross-layer KV layout (set it on prefill and decode alike)
-XLKV_COALESCE     on       a cross-layer worker lists each NIXL transfer's descriptor
-                           pairs in ascending local block order (patches/transfer_order.py)
-XLKV_STRICT       off      a configuration that keeps the stock layout is an error, not a
-                           WARNING
-XLKV_EARLY_LOAD   off      decode posts a step's KV reads when the step's connector
-                           metadata is bound, before the forward launch (0.29+;
-                           patches/kv_load_start.py)
-XLKV_NOTICE_WAIT  off      decode waits up to 5 ms per step for KV reads in flight before
-                           reporting finished receives (patches/kv_receive_notice.py)
-================  =======  ===============================================================
+=============  =======  ==================================================================
+knob           default  what "on" means
+=============  =======  ==================================================================
+ENABLE_XLKV    off      the cross-layer KV layout (set it on prefill and decode alike)
+XLKV_COALESCE  on       a cross-layer worker lists each NIXL transfer's descriptor pairs
+                        in ascending local block order (patches/transfer_order.py)
+XLKV_STRICT    off      a configuration that keeps the stock layout is an error, not a
+                        WARNING
+=============  =======  ==================================================================
 
 Each knob accepts 1/true/yes/on, 0/false/no/off (case-insensitive, blanks around ignored),
 or unset/empty for its default.  Any other value is an error naming the knob, the value
 and the accepted values: :func:`knob` raises it, :func:`knob_errors` lists it (status), and
 with ENABLE_XLKV on vLLM refuses to start (``_startup.activate``).
+
+Knobs of earlier versions (:data:`REMOVED`) are no knobs: whatever their value they change
+nothing, and a deployment that still sets one is told so (a WARNING at activation, a NOTE in
+status), not refused.
 
 ``xlkv_autopatch.pth`` and the checkout's ``sitecustomize.py`` cannot import this module
 (they must import nothing while the flag is off); tests/activation checks that their
@@ -44,12 +43,28 @@ KNOBS = (
          "unset XLKV_COALESCE (default: on), or set XLKV_COALESCE=false to keep vLLM's descriptor order."),
     Knob("XLKV_STRICT", False, "a kept stock layout is an error instead of a WARNING",
          "set XLKV_STRICT=1 to make a kept stock layout an error, or unset it for a WARNING."),
-    Knob("XLKV_EARLY_LOAD", False, "decode posts a step's KV reads at bind, before the forward launch",
-         "set XLKV_EARLY_LOAD=1 to post KV reads before the forward launch, or unset it for vLLM's order."),
-    Knob("XLKV_NOTICE_WAIT", False, "decode waits up to 5 ms per step for KV reads in flight",
-         "set XLKV_NOTICE_WAIT=1 to wait for KV reads in flight, or unset it for vLLM's polling."),
 )
 _BY_NAME = {k.name: k for k in KNOBS}
+
+#: knobs of earlier versions that do nothing now: name -> (the version that removed it, why).  A
+#: deployment that still sets one is told so (a WARNING once per process at activation, a NOTE in
+#: status), never refused: whatever its value, the run is the one it would be without it.
+REMOVED = {
+    "XLKV_EARLY_LOAD": ("0.4.0", "the handoff lever that posted decode's KV reads before the forward launch: with it "
+                                 "on, vLLM's own NIXL tests differed from stock on a GPU (a failed transfer no longer "
+                                 "reported as vLLM reports it) and it showed no TTFT gain"),
+    "XLKV_NOTICE_WAIT": ("0.4.0", "the handoff lever that waited up to 5 ms per step for KV reads in flight: with it "
+                                  "on, a failed NIXL read escaped vLLM's error handling and vLLM's own NIXL tests "
+                                  "differed from stock on a GPU, and it showed no TTFT gain"),
+}
+
+
+def removed_knob_notes(environ=None):
+    """One sentence per removed knob (:data:`REMOVED`) that is set to anything non-empty."""
+    env = os.environ if environ is None else environ
+    return ["%s=%r: %s was removed in xlkv_autopatch %s (%s); it has no effect. Fix: unset %s"
+            % (name, env.get(name), name, version, why, name)
+            for name, (version, why) in REMOVED.items() if (env.get(name) or "").strip()]
 
 
 def accepted(name):

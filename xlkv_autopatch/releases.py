@@ -58,7 +58,6 @@ BACKENDS = {
 MECHANISMS = ("backport", "native", "layout")
 PREFERS = ("classvar", "base-property", "property")
 MULTIS = ("backport", "warn")
-LOAD_STARTS = ("before", "after")
 
 # Columns (yes/no booleans; "-" is none):
 #   mechanism  how every block becomes one region: backport (the shim supplies vLLM's later
@@ -80,34 +79,32 @@ LOAD_STARTS = ("before", "after")
 #   backends   backends upstream's cross-layer guard accepts (BACKENDS)
 #   recv_lookup  get_finished post-processes a failed receive and looks up the refused engine
 #              (a KeyError that ends the worker)
-#   kv_split   a FlashAttention-style layer's K and V are two NIXL regions in the stock layout (one region
-#              per layer from 0.26: K/V in one page)
-#   load_start where the model runner posts a step's async KV loads: before the forward launch, or
-#              after it (0.29+; the early-load lever patches/kv_load_start.py targets those)
+#   kv_split   a FlashAttention-style layer's K and V are two NIXL regions in the stock layout (one
+#              region per layer from 0.26: K/V in one page)
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split load_start
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      before
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      before
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      before
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      before
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      before
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      before
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      before
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      before
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      before
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      before
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      before
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       before
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       before
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       before
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       after
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
 """
 
 
@@ -129,12 +126,10 @@ class Release:
     backends: str
     recv_lookup: bool
     kv_split: bool
-    load_start: str
 
     def __post_init__(self):
         allowed = {"mechanism": MECHANISMS, "nixl": tuple(HOMES), "prefer": PREFERS + (None,),
-                   "hash": tuple(HASH_PARAMS) + (None,), "multi": MULTIS + (None,), "backends": tuple(BACKENDS),
-                   "load_start": LOAD_STARTS}
+                   "hash": tuple(HASH_PARAMS) + (None,), "multi": MULTIS + (None,), "backends": tuple(BACKENDS)}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
                 raise ValueError("release %s: %s=%r is not one of %s"

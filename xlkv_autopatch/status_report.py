@@ -10,7 +10,7 @@ import site
 import sys
 
 from ._version import __version__
-from .flag import FLAG, KNOBS, accepted, flag_state, knob_error, knob_state
+from .flag import FLAG, KNOBS, accepted, flag_state, knob_error, knob_state, removed_knob_notes
 
 PTH_NAME = "xlkv_autopatch.pth"
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -77,11 +77,22 @@ def _package():
     return os.path.dirname(os.path.abspath(__file__)), meta
 
 
+#: what every activation path does, with ENABLE_XLKV on, when activation fails (_startup.py)
+REFUSES = ("vLLM refuses to start, whatever the activation path: the .pth hook and the checkout's sitecustomize.py "
+           "raise this error at every import of vLLM, the vLLM plugin when vLLM loads it; nothing is patched and "
+           "nothing runs stock")
+
+
 def _shown(value):
     return "unset" if value is None else repr(value)
 
 
 def collect(resolve=True):
+    from ._startup import disarm
+
+    # a refusal the start-up hook armed in this very process (status diagnoses; it does not serve):
+    # lifted, so that status can look at vLLM, and reported
+    refused = disarm()
     missing = _dependencies()
     state = flag_state()
     path, meta_version = _package()
@@ -101,6 +112,7 @@ def collect(resolve=True):
             "plugin_entry_points": plugin_entry_points(),
             "sitecustomize": sitecustomize_path(),
             "vllm_plugins_allowlist": os.environ.get("VLLM_PLUGINS"),
+            "start_up_refusal": None if refused is None else "%s: %s" % (type(refused).__name__, refused),
         },
         "missing_dependencies": missing,
         "patch_sets": [],
@@ -126,15 +138,17 @@ def collect(resolve=True):
     for k in KNOBS:  # every knob error, predicted: with ENABLE_XLKV on, activate() refuses each one
         err = knob_error(k.name)
         if err and k.name != FLAG and state == "off":
-            err += " (ENABLE_XLKV is off, so nothing refuses it now; once ENABLE_XLKV is on, vLLM refuses to start)"
+            err += " (ENABLE_XLKV is off, so nothing refuses it now; once ENABLE_XLKV is on: %s)" % REFUSES
         elif err:
-            err += " (vLLM refuses to start)"
+            err += " (%s)" % REFUSES
         if err:
             problems.append(err)
+    notes.extend(removed_knob_notes())  # no refusal: whatever its value, the run is the one without it
     for name, err in sorted(missing.items()):
-        problems.append("%s cannot be imported (%s): with ENABLE_XLKV set, vLLM refuses to start. Fix: pip install "
-                        "'%s' into this environment (xlkv_autopatch was probably installed with --no-deps)"
-                        % (name, err, {"wrapt": "wrapt>=1.14", "packaging": "packaging>=21"}[name]))
+        problems.append("%s cannot be imported (%s): with ENABLE_XLKV set, %s. Fix: pip install '%s' into this "
+                        "environment (xlkv_autopatch was probably installed with --no-deps)"
+                        % (name, err, REFUSES.replace("raise this error", "raise the error naming it"),
+                           {"wrapt": "wrapt>=1.14", "packaging": "packaging>=21"}[name]))
     allow = out["activation"]["vllm_plugins_allowlist"]
     if allow is not None and PLUGIN_NAME not in [s.strip() for s in allow.split(",")]:
         problems.append(
@@ -159,8 +173,68 @@ def _once_on(state):
     return "" if state == "on" else "(ENABLE_XLKV is off; once it is on:) "
 
 
+def _release_text(f):
+    return "%d.%d" % f.release[:2]
+
+
+def _span_of(predicate):
+    """The table's releases where ``predicate(facts)`` holds, as "0.12-0.21" runs."""
+    from . import facts, releases
+
+    rows = releases.runs(lambda r: predicate(facts.facts_for(r.release)) or None)
+    return ", ".join(rs[0].release if len(rs) == 1 else "%s-%s" % (rs[0].release, rs[-1].release) for rs in rows)
+
+
+def runtime_refusals(f):
+    """What the shim refuses at run time on the release of facts ``f`` (ENABLE_XLKV on; the request or
+    the engine start fails with the cause and the fix), each derived from the release's facts."""
+    from . import layout
+
+    rel = _release_text(f)
+    out = []
+    how = ("vLLM's compatibility hash (tagged by xlkv)" if f.has_compat_hash else
+           "xlkv's comparison of the layouts both sides registered (vLLM %s compares no hash)" % rel)
+    out.append("a peer engine without ENABLE_XLKV=true (or one that kept the stock layout): the NIXL handshake is "
+               "refused by %s; the request fails with its blocks invalid, this engine keeps serving" % how)
+    out.append("a different block size on prefill and decode (--block-size, or the attention kernel's block): the "
+               "handshake is refused")
+    decisions = {b: layout.heterogeneous_tp_supported(
+        cross_layer=True, tp_ratio=2, blocks_first=not (b == "FLASH_ATTN" and f.fa_heads_outermost),
+        whole_row_layout=f.kv_cache_layouts) for b in f.cross_layer_backends}
+    refused_tp = [b for b in f.cross_layer_backends if not decisions[b].use]
+    if refused_tp:
+        allowed = [b for b in f.cross_layer_backends if b not in refused_tp]
+        out.append("heterogeneous TP (prefill and decode with different tensor-parallel sizes) with %s: the handshake "
+                   "is refused (%s)%s" % (
+                       "any backend" if not allowed else "/".join(refused_tp), decisions[refused_tp[0]].reason,
+                       "; %s is served (%s)" % ("/".join(allowed), decisions[allowed[0]].reason) if allowed else ""))
+    if f.budget_block_count and f.kv_cache_layouts:
+        out.append("KV tensors holding more blocks than the scheduler's budget (an over-allocating allocator such as "
+                   "kvcached): registration with NIXL is refused at start-up")
+    if not f.kv_cache_layouts:
+        out.append("KV tensors that disagree on their block count: registration with NIXL is refused at start-up")
+    return out
+
+
+def one_sided_hazard(f, state):
+    """0.12-0.21 (facts: ``failed_recv_looks_up_engine``): a refused handshake kills a decode worker that runs
+    without the shim (vLLM's own KeyError in get_finished); the shim guards only the side it runs on."""
+    if not f.failed_recv_looks_up_engine:
+        return None
+    where = _span_of(lambda g: g.failed_recv_looks_up_engine)
+    if state == "on":
+        return ("vLLM %s (%s): the peer engine must have ENABLE_XLKV=true too. A decode engine without it dies at "
+                "the refused handshake (vLLM's own KeyError in get_finished, looking up the refused engine; xlkv is "
+                "not active there to guard it). Fix: set ENABLE_XLKV=true on prefill and decode alike"
+                % (_release_text(f), where))
+    return ("vLLM %s (%s), ENABLE_XLKV is off here: if the peer engine has ENABLE_XLKV=true, the NIXL handshake is "
+            "refused and, if this engine decodes, it dies (vLLM's own KeyError in get_finished, looking up the "
+            "refused engine; xlkv is not active here to guard it). Fix: set ENABLE_XLKV=true on both sides (or on "
+            "neither)" % (_release_text(f), where))
+
+
 def _collect_patches(out, resolve):
-    from . import patches, registry, versions
+    from . import facts, patches, registry, versions
     from .errors import XlkvError
 
     version = versions.vllm_version()
@@ -182,6 +256,12 @@ def _collect_patches(out, resolve):
         "applied": ["%s -> %s.%s" % a for a in reg.applied()],
     })
     out["kvcached_flags"] = patches.kvcached_flags()  # a conflict only with the flag on
+    if version is not None and out["supported"]:
+        f = facts.facts_for(version)
+        out["runtime_refusals"] = runtime_refusals(f)
+        hazard = one_sided_hazard(f, state)
+        if hazard:
+            out["notes"].append(hazard)
     fix = versions.fix(reg.supported)
     if out["vllm_installed"] is None:
         problems.append(
@@ -336,6 +416,12 @@ def render(info):
                                                  "  " + p["error"] if p.get("error") else ""))
     if info["vllm"] and not any(g["applies"] and g["name"] != "guard" for g in info["patch_sets"]):
         lines.append("no patch set applies to vLLM %s" % info["vllm"])
+    if info["activation"].get("start_up_refusal"):
+        lines.append("this process's start-up hook refused to activate (every import of vLLM raised it; status lifted "
+                     "it to look further): %s" % info["activation"]["start_up_refusal"])
+    if info.get("runtime_refusals"):
+        lines.append("refused at run time on vLLM %s with ENABLE_XLKV on (each names its cause and fix):" % info["vllm"])
+        lines.extend("  - %s" % r for r in info["runtime_refusals"])
     for note in info.get("notes", []):
         lines.append("NOTE: %s" % note)
     for prob in info["problems"]:

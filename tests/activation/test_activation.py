@@ -137,9 +137,9 @@ def test_unrecognised_flag_value_is_refused_loudly(env_with_pth, value):
     r = run_py(env_with_pth, "import sys; print(sorted(m for m in sys.modules if m.startswith('xlkv_autopatch.reg')))",
                ENABLE_XLKV=value)
     assert r.returncode == 0 and r.stdout.strip() == "[]"
-    assert "start-up hook failed (XlkvFlagError" in r.stderr and "ENABLE_XLKV=%r" % value in r.stderr, r.stderr
+    assert "start-up hook (pth) failed (XlkvFlagError" in r.stderr and "ENABLE_XLKV=%r" % value in r.stderr, r.stderr
     # once, although site.py of a 3.11 venv runs the .pth files of its site-packages twice
-    assert r.stderr.count("start-up hook failed") == 1, r.stderr
+    assert r.stderr.count("start-up hook (pth) failed") == 1, r.stderr
     r = run_py(env_with_pth, "from xlkv_autopatch import plugin; plugin.register()", ENABLE_XLKV=value)
     assert r.returncode != 0 and "XlkvFlagError" in r.stderr
     assert "is not a value xlkv understands" in r.stderr and "set ENABLE_XLKV=true" in r.stderr
@@ -154,7 +154,7 @@ def test_a_start_up_error_is_printed_once_per_process(env_with_pth, env_without_
     r = run_py(env_with_pth, "pass", ENABLE_XLKV="maybe", PYTHONPATH=ROOT)
     assert r.stderr.count("ENABLE_XLKV='maybe'") == 1, r.stderr
     r = run_py(env_without_pth, "pass", ENABLE_XLKV="maybe", PYTHONPATH=ROOT)  # sitecustomize alone says it
-    assert r.stderr.count("ENABLE_XLKV='maybe'") == 1 and "sitecustomize activation failed" in r.stderr, r.stderr
+    assert r.stderr.count("ENABLE_XLKV='maybe'") == 1 and "start-up hook (sitecustomize) failed" in r.stderr, r.stderr
 
 
 @pytest.fixture(scope="session")
@@ -185,7 +185,7 @@ def test_missing_wrapt_is_reported_not_a_traceback(env_without_wrapt):
         assert any("pip install 'wrapt>=1.14'" in p for p in info["problems"]), info["problems"]
     # flag on: the .pth names the cause on stderr, the vLLM plugin stops the process with it
     r = run_py(env_without_wrapt, "from xlkv_autopatch import plugin; plugin.register()", ENABLE_XLKV="1")
-    assert "start-up hook failed (XlkvDependencyError" in r.stderr, r.stderr
+    assert "start-up hook (pth) failed (XlkvDependencyError" in r.stderr, r.stderr
     assert r.returncode != 0 and "XlkvDependencyError" in r.stderr.splitlines()[-1]
     assert "pip install 'wrapt>=1.14'" in r.stderr and "--no-deps" in r.stderr
 
@@ -370,3 +370,147 @@ def test_pth_of_an_install_whose_package_is_gone_says_vllm_runs_stock(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ran"
     assert "No module named 'xlkv_autopatch'" in r.stderr
     assert "this process runs STOCK vLLM" in r.stderr and "will refuse" not in r.stderr
+
+
+# --- issue 31 item 2: one behaviour for a bad knob or a missing dependency, whatever the path ---
+
+#: a stand-in vLLM that, like vLLM, runs the vllm.general_plugins entry points while it starts
+FAKE_VLLM = """
+from importlib.metadata import entry_points
+for ep in entry_points(group="vllm.general_plugins"):
+    ep.load()()  # vLLM calls each plugin without a try (vllm/plugins/__init__.py)
+print("vllm started")
+"""
+
+
+@pytest.fixture(scope="session")
+def make_env(tmp_path_factory, pkgroot):
+    """make_env(pth=, wrapt=, plugin=) -> python of a venv with the package, packaging, optionally wrapt,
+    the .pth hook and the plugin entry point (package metadata), and a stand-in vLLM."""
+    import packaging
+
+    made = {}
+
+    def make(pth, wrapt, plugin):
+        key = (pth, wrapt, plugin)
+        if key in made:
+            return made[key]
+        prefix = str(tmp_path_factory.mktemp("venv_%d%d%d" % key))
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(prefix)
+        site = _site_packages(prefix)
+        deps = tmp_path_factory.mktemp("deps")
+        os.symlink(os.path.dirname(os.path.abspath(packaging.__file__)), str(deps / "packaging"))
+        if wrapt:
+            import wrapt as w
+
+            os.symlink(os.path.dirname(os.path.abspath(w.__file__)), str(deps / "wrapt"))
+        os.makedirs(str(deps / "vllm"))
+        (deps / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+        if plugin:
+            meta = deps / "xlkv_autopatch-0.4.0.dist-info"
+            meta.mkdir()
+            (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: xlkv_autopatch\nVersion: 0.4.0\n")
+            (meta / "entry_points.txt").write_text("[vllm.general_plugins]\nxlkv_autopatch = "
+                                                   "xlkv_autopatch.plugin:register\n")
+        with open(os.path.join(site, "0_xlkv_test_paths.pth"), "w") as f:
+            f.write(pkgroot + "\n" + str(deps) + "\n")
+        if pth:
+            shutil.copy(PTH, site)
+        python = os.path.join(prefix, "bin", "python")
+        assert (run_py(python, "import wrapt").returncode == 0) is wrapt
+        made[key] = python
+        return python
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def checkout(tmp_path_factory):
+    """The checkout as PYTHONPATH sees it, without what ``pip install -e`` leaves in it (an egg-info
+    whose plugin entry point would refuse in sitecustomize.py's place)."""
+    d = tmp_path_factory.mktemp("checkout")
+    for name in ("sitecustomize.py", "xlkv_autopatch"):
+        os.symlink(os.path.join(ROOT, name), str(d / name))
+    return str(d)
+
+
+#: path -> (make_env arguments, extra environment; CHECKOUT is the checkout fixture's directory)
+PATHS = {
+    "pth": (dict(pth=True, plugin=False), {}),
+    "plugin": (dict(pth=False, plugin=True), {}),
+    "sitecustomize": (dict(pth=False, plugin=False), {"PYTHONPATH": "CHECKOUT"}),
+}
+
+
+def _path(path, checkout):
+    kwargs, extra = PATHS[path]
+    return kwargs, {k: v.replace("CHECKOUT", checkout) for k, v in extra.items()}
+BAD = {
+    "XLKV_COALESCE=2": ({"XLKV_COALESCE": "2"}, "XlkvFlagError", "XLKV_COALESCE='2' is not a value xlkv understands"),
+    "XLKV_STRICT=maybe": ({"XLKV_STRICT": "maybe"}, "XlkvFlagError", "XLKV_STRICT='maybe' is not a value"),
+    "ENABLE_XLKV=maybe": ({"ENABLE_XLKV": "maybe"}, "XlkvFlagError", "ENABLE_XLKV='maybe' is not a value"),
+    "no wrapt": ({}, "XlkvDependencyError", "its dependency wrapt cannot be imported"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("path", list(PATHS))
+def test_every_activation_path_refuses_a_bad_knob_or_a_missing_dependency_alike(make_env, checkout, path, bad):
+    """Issue 31 item 2: through the checkout's sitecustomize.py, XLKV_EARLY_LOAD=2 or a missing wrapt ran
+    stock vLLM with one stderr line, where the .pth path refused.  Now vLLM does not start on any
+    path, with the error naming the cause and the fix; the flag off, the same vLLM starts."""
+    kwargs, extra = _path(path, checkout)
+    env, kind, text = BAD[bad]
+    python = make_env(wrapt=bad != "no wrapt", **kwargs)
+    on = dict(extra, **dict({"ENABLE_XLKV": "1"}, **env))
+    r = run_py(python, "import vllm", **on)
+    assert r.returncode != 0 and "vllm started" not in r.stdout, (r.stdout, r.stderr)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("xlkv_autopatch.errors.%s: " % kind) and text in last and "Fix: " in last, r.stderr
+    assert r.stderr.count(text) <= 2, r.stderr  # the start-up line and the raised error, no more
+    # a process that never imports vLLM runs (pip, scripts): the refusal waits for vLLM
+    r = run_py(python, "print('ran')", **on)
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+    # the flag off: stock vLLM starts (a bad XLKV_* knob matters only with the flag on)
+    if "ENABLE_XLKV" not in env:
+        r = run_py(python, "import vllm", **dict(extra, **env))
+        assert r.returncode == 0 and "vllm started" in r.stdout and "xlkv" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_every_activation_path_activates_with_good_knobs(make_env, checkout, path):
+    kwargs, extra = _path(path, checkout)
+    python = make_env(wrapt=True, **kwargs)
+    code = "import vllm, sys; print(sys.modules['xlkv_autopatch.registry'].REGISTRY.state.sources)"
+    r = run_py(python, code, **dict(extra, ENABLE_XLKV="1"))
+    assert r.returncode == 0 and "vllm started" in r.stdout, r.stderr
+    assert {"pth": "['pth']", "plugin": "['vllm_plugin']", "sitecustomize": "['sitecustomize']"}[path] in r.stdout
+
+
+def test_a_caller_that_catches_the_refusal_still_cannot_import_vllm(make_env):
+    python = make_env(pth=True, wrapt=True, plugin=False)
+    code = """
+    for i in range(2):
+        try:
+            import vllm
+            print("imported")
+        except Exception as e:
+            print(type(e).__name__)
+    """
+    r = run_py(python, code, ENABLE_XLKV="1", XLKV_STRICT="maybe")
+    assert r.stdout.split() == ["XlkvFlagError", "XlkvFlagError"], (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("path", ["pth", "sitecustomize"])
+def test_status_says_what_happens_and_still_looks(make_env, checkout, path):
+    """status run in a process whose start-up hook refused: it reports the refusal, lifts it to look at
+    the (stand-in) vLLM, and its PROBLEM line says what every path does."""
+    kwargs, extra = _path(path, checkout)
+    python = make_env(wrapt=True, **kwargs)
+    r = subprocess.run([python, "-m", "xlkv_autopatch", "status", "--json"], capture_output=True, text=True,
+                       env=clean_env(ENABLE_XLKV="1", XLKV_COALESCE="2", **extra), cwd="/", timeout=120)
+    info = json.loads(r.stdout)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert info["activation"]["start_up_refusal"].startswith("XlkvFlagError: xlkv_autopatch: XLKV_COALESCE='2'")
+    (line,) = [p for p in info["problems"] if "XLKV_COALESCE='2'" in p]
+    assert "vLLM refuses to start, whatever the activation path" in line, line

@@ -551,25 +551,21 @@ def test_shim_ablation_and_ray_configs():
     assert _lib("VLLM_VERSION=0.29.0; SHIM_CHECK=0; config_supported shim-keep-order").returncode == 0
 
 
-def test_handoff_lever_configs():
-    """Each lever its own row: the shim's knobs on P and D, the proxy's flag for the proxy-side one;
-    the early load is refused where vLLM already posts loads before the forward (< 0.29)."""
-    want = {"shim-early": ("ENABLE_XLKV=true XLKV_EARLY_LOAD=1", ""),
-            "shim-notice": ("ENABLE_XLKV=true XLKV_NOTICE_WAIT=1", ""),
-            "shim-levers": ("ENABLE_XLKV=true XLKV_EARLY_LOAD=1 XLKV_NOTICE_WAIT=1", ""),
-            "shim-ids": ("ENABLE_XLKV=true", "--token-ids-to-d"),
-            "shim-all": ("ENABLE_XLKV=true XLKV_EARLY_LOAD=1 XLKV_NOTICE_WAIT=1", "--token-ids-to-d")}
-    for cfg, (env, proxy) in want.items():
-        r = _lib('config_env %s; echo "${CFG_ENV[*]}|${CFG_PROXY_ARGS[*]}"' % cfg)
-        assert r.stdout.strip() == "%s|%s" % (env, proxy), cfg
-        assert _lib("VLLM_VERSION=0.33.0; SHIM_CHECK=0; config_supported %s" % cfg).returncode == 0, cfg
-        old = _lib("VLLM_VERSION=0.26.0; SHIM_CHECK=0; config_supported %s" % cfg)
-        assert old.returncode == (1 if "EARLY" in env else 0), (cfg, old.stdout)
-    assert "0.29+ only" in _lib("VLLM_VERSION=0.26.0; SHIM_CHECK=0; config_supported shim-early").stdout
-    # the negative control of a lever config keeps the lever and corrupts D's KV
-    r = _lib('PYTHONPATH=/site; config_env nc-shim-levers; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}"')
-    assert r.stdout.startswith("ENABLE_XLKV=true XLKV_EARLY_LOAD=1 XLKV_NOTICE_WAIT=1|") and "XLKV_NEGATIVE_CONTROL" in r.stdout
-    # a stock config after a lever config starts its proxy without the lever's flag
+def test_proxy_lever_config_and_the_removed_shim_levers():
+    """shim-ids is the shim plus the proxy's --token-ids-to-d (a proxy-side lever); the shim's handoff
+    levers (shim-early, shim-notice, shim-levers, shim-all) were removed in 0.4.0 and are unknown configs."""
+    r = _lib('config_env shim-ids; echo "${CFG_ENV[*]}|${CFG_PROXY_ARGS[*]}"')
+    assert r.stdout.strip() == "ENABLE_XLKV=true|--token-ids-to-d"
+    for version in ("0.26.0", "0.33.0"):
+        assert _lib("VLLM_VERSION=%s; SHIM_CHECK=0; config_supported shim-ids" % version).returncode == 0
+    for cfg in ("shim-early", "shim-notice", "shim-levers", "shim-all", "nc-shim-levers"):
+        r = _lib("VLLM_VERSION=0.33.0; SHIM_CHECK=0; config_supported %s" % cfg)
+        assert r.returncode == 1 and "unknown config" in r.stdout, (cfg, r.stdout)
+    assert "shim-early" not in open(os.path.join(ROOT, "experiments", "lib.sh")).read()
+    # the negative control of the proxy lever keeps it and corrupts D's KV
+    r = _lib('PYTHONPATH=/site; config_env nc-shim-ids; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_PROXY_ARGS[*]}"')
+    assert r.stdout.startswith("ENABLE_XLKV=true|") and "XLKV_NEGATIVE_CONTROL" in r.stdout, r.stdout
+    assert r.stdout.strip().endswith("|--token-ids-to-d"), r.stdout
     r = _lib('config_env shim-ids; config_env stock; echo "[${CFG_PROXY_ARGS[*]}]"')
     assert r.stdout.strip() == "[]"
 

@@ -65,6 +65,18 @@ def test_unrecognised_flag_value_stops_vllm(vllm_env, tmp_path):
     assert "ENABLE_XLKV='enabled' is not a value xlkv understands" in r["_text"], r["_text"][-4000:]
 
 
+def test_a_removed_lever_is_a_warning_and_the_transfer_is_the_shims(vllm_env, tmp_path):
+    """Issue 31: XLKV_EARLY_LOAD / XLKV_NOTICE_WAIT were removed in 0.4.0.  A deployment that still sets
+    them gets one WARNING per process naming the removal, not a refusal: the shim runs as without them."""
+    once_per_session(vllm_env, "activation, before any vLLM module is patched")
+    r = harness(vllm_env[1], tmp_path, "removed", "--case", "noncontig",
+                env={"ENABLE_XLKV": "true", "XLKV_EARLY_LOAD": "1", "XLKV_NOTICE_WAIT": "2"})
+    assert r["errors"] == [] and r["transfer_verified"] is True and r["cross_layer"] is True, r["errors"]
+    for name in ("XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"):
+        assert "%s was removed in xlkv_autopatch 0.4.0" % name in r["_text"], r["_text"][-4000:]
+    assert "XLKV_NOTICE_WAIT='2' is not a value" not in r["_text"]
+
+
 def test_prefill_only_flag_is_named_by_the_stock_decode_side(vllm_env, tmp_path):
     """Item 4: only prefill has ENABLE_XLKV; decode runs stock vLLM, whose own hash-mismatch error
     prints the remote hash, which now says what the remote engine runs."""

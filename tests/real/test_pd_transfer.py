@@ -65,6 +65,29 @@ def test_flag_on_prefill_only_never_transfers(vllm_env, tmp_path):
         assert "Remote: xlkv-cross-layer-KV-layout.sent-by-an-engine-with-ENABLE_XLKV=true." in reason, reason
 
 
+def test_flag_on_prefill_only_the_stock_decode_dies_on_0_12_to_0_21_and_status_says_so(vllm_env, tmp_path):
+    """Issue 31 item 4, the documented hazard: D runs stock (no flag, so no shim guard there) and its
+    first request goes to a prefill with ENABLE_XLKV=true.  D refuses that handshake itself (the
+    tagged hash).  On 0.12-0.21 vLLM's own get_finished then looks the refused engine up and D's
+    worker dies (KeyError); from 0.22 vLLM skips failed receives and D serves the next request from a
+    stock prefill.  status, run on D's side (flag off), names the hazard exactly where it is."""
+    r = harness(vllm_env[1], tmp_path, "flagged_peer", "--case", "noncontig", "--refused-peer-block-size", "16",
+                "--refused-peer-env", "ENABLE_XLKV=true")
+    refused = r.get("refused_peer") or {}
+    status = run_in(vllm_env[1], ["-m", "xlkv_autopatch", "status", "--no-resolve"], timeout=300)
+    hazard = [l for l in status.stdout.splitlines() if l.startswith("NOTE: ") and "KeyError" in l]
+    if release_of(vllm_env) <= (0, 21):
+        died = refused.get("d_died") or ""
+        assert "KeyError: 'p-refused-engine'" in died and "in get_finished" in died, (refused, r["_log"][-3000:])
+        assert len(hazard) == 1 and "if the peer engine has ENABLE_XLKV=true" in hazard[0], status.stdout
+    else:
+        assert "d_died" not in refused, refused.get("d_died")
+        assert refused["recv_done"] is True and refused["invalid_block_ids"] and not refused["xfer_calls"], refused
+        assert "compatibility hash mismatch" in json.dumps(refused["errors"]), refused
+        assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]  # D kept serving
+        assert hazard == [], status.stdout
+
+
 def _shim_log(r):
     return json.dumps([r.get("p", {}).get("xlkv_log"), r.get("d", {}).get("xlkv_log")]) + r["_log"]
 
@@ -185,12 +208,15 @@ def test_over_allocated_tensors(vllm_env, tmp_path):
     r = harness(vllm_env[1], tmp_path, "over_alloc", "--over-allocate", "10", env={"ENABLE_XLKV": "true"})
     rel = release_of(vllm_env)
     if rel >= (0, 29):
-        # vLLM's own registration refuses the block-outermost view it cannot partition, before
-        # any metadata is published; xlkv names the layout and the fix
+        # vLLM's own registration fails on the block-outermost view ("cannot be partitioned into NIXL
+        # regions"), before any metadata is published; xlkv names the cause, the over-allocation
+        # (issue 31 item 5: the text named the partition failure), and the fix
         assert r["transfer_verified"] is False
         text = json.dumps(r["errors"])
-        assert "vLLM cannot register this KV cache with NIXL in the block-outermost layout" in text, text[-3000:]
-        assert "VLLM_KV_CACHE_LAYOUT=LBHNC" in text
+        assert "the KV tensors are over-allocated, they hold 50 blocks and the scheduler budget " \
+               "(kv_cache_config.num_blocks) is 40" in text, text[-3000:]
+        assert "Fix: allocate exactly kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" in text
+        assert "vLLM cannot register this KV cache" not in text and "VLLM_KV_CACHE_LAYOUT=LBHNC" not in text
         return
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
     assert r["d"]["tensor_blocks"] == 50 and r["cross_layer"] is True

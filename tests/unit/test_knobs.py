@@ -18,10 +18,9 @@ NAMES = [k.name for k in flag.KNOBS]
 
 
 def test_the_knobs_are_the_documented_ones():
-    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"]
+    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT"]
     assert {k.name: k.default for k in flag.KNOBS} == {"ENABLE_XLKV": False, "XLKV_COALESCE": True,
-                                                        "XLKV_STRICT": False, "XLKV_EARLY_LOAD": False,
-                                                        "XLKV_NOTICE_WAIT": False}
+                                                        "XLKV_STRICT": False}
     # every knob is in the package docstring's table and in docs/mechanism.md's
     docs = (Path(__file__).resolve().parents[2] / "docs" / "mechanism.md").read_text()
     for name in NAMES:
@@ -103,3 +102,53 @@ def test_every_bad_knob_is_named_in_one_refusal(monkeypatch):
     with pytest.raises(XlkvFlagError) as e:
         _startup.activate("test")
     assert "XLKV_COALESCE='garbage'" in str(e.value) and "XLKV_STRICT='ture'" in str(e.value)
+
+
+REMOVED = ["XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"]
+
+
+def test_the_removed_knobs_are_gone_from_the_package_and_named_as_removed():
+    """0.4.0 removed the handoff levers (issue 31): no knob, no patch file, no code reads them; only
+    flag.REMOVED names them, and the docs say they were removed."""
+    assert sorted(flag.REMOVED) == REMOVED and all(v[0] == "0.4.0" for v in flag.REMOVED.values())
+    assert not set(REMOVED) & set(NAMES)
+    for name in ("kv_load_start.py", "kv_receive_notice.py"):
+        assert not os.path.exists(os.path.join(PKG, "patches", name))
+    for folder, _, names in os.walk(PKG):
+        for fname in names:
+            if fname.endswith(".py") and fname != "flag.py":
+                text = open(os.path.join(folder, fname)).read()
+                assert not any(n in text for n in REMOVED), fname
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "mechanism.md").read_text()
+    for name in REMOVED:
+        assert "| `%s` |" % name not in docs  # no longer a knob of the table
+        assert "`%s`" % name in docs and "removed in 0.4.0" in docs
+
+
+@pytest.mark.parametrize("value", ["1", "0", "garbage"])
+def test_a_removed_knob_is_a_note_whatever_its_value_never_an_error(value):
+    env = {"XLKV_EARLY_LOAD": value, "ENABLE_XLKV": "1"}
+    assert flag.knob_errors(env) == []
+    (note,) = flag.removed_knob_notes(env)
+    assert note.startswith("XLKV_EARLY_LOAD=%r: XLKV_EARLY_LOAD was removed in xlkv_autopatch 0.4.0 (" % value)
+    assert "it has no effect. Fix: unset XLKV_EARLY_LOAD" in note
+    assert flag.removed_knob_notes({"XLKV_EARLY_LOAD": " ", "XLKV_NOTICE_WAIT": ""}) == []
+    both = flag.removed_knob_notes({"XLKV_EARLY_LOAD": "1", "XLKV_NOTICE_WAIT": "1"})
+    assert [n.split("=")[0] for n in both] == REMOVED
+
+
+def test_start_up_warns_once_per_process_about_a_removed_knob_and_activates(monkeypatch, caplog):
+    from xlkv_autopatch import logs
+
+    installed = []
+    monkeypatch.setattr("xlkv_autopatch.registry.REGISTRY.install", lambda **kw: installed.append(kw))
+    monkeypatch.setattr(logs, "_seen", set())
+    monkeypatch.setenv("XLKV_NOTICE_WAIT", "1")
+    with caplog.at_level("WARNING", logger="vllm.xlkv_autopatch"):
+        assert _startup.activate("test") is False  # flag off: nothing, not even the warning
+        assert caplog.records == []
+        monkeypatch.setenv("ENABLE_XLKV", "1")
+        assert _startup.activate("test") is True and _startup.activate("again") is True
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "XLKV_NOTICE_WAIT was removed in xlkv_autopatch 0.4.0" in warnings[0], warnings
+    assert len(installed) == 2  # not a refusal: the shim activates as without the knob

@@ -438,3 +438,25 @@ def test_multi_connector_register_reaches_every_child():
                                      ("tensor", "backend"), {})
     assert calls == [("tensor", "backend")]  # the original (no-op) stays in the chain
     assert [c.registered for c in children] == [[("tensor", "backend")]] * 2
+
+
+def test_over_allocation_is_seen_in_the_storage_under_budget_sized_views():
+    """Issue 31 item 5: 0.29+ reshape an over-allocated tensor to the budget's block count, so only
+    the storage underneath holds the extra blocks; vLLM's check then fails as "cannot be
+    partitioned", and the shim names the over-allocation instead.  (Real torch tensors, no vLLM.)"""
+    torch = pytest.importorskip("torch")
+    layers, page, budget = 4, 6, 40
+    exact = torch.zeros(budget * layers * page)
+    over = torch.zeros((budget + 10) * layers * page)
+
+    def views(storage):  # BLNHC: each layer's view strides over whole rows of the shared storage
+        rows = storage[:budget * layers * page].view(budget, layers, page)
+        return {"layer.%d" % i: rows[:, i, :] for i in range(layers)}
+
+    assert block_count.storage_over_allocation(views(exact)) is None
+    assert block_count.storage_over_allocation(views(over)) == (50, 40)
+    assert block_count.storage_over_allocation({"t": over.view(50, layers * page)}) is None  # a view of it all
+    assert block_count.storage_over_allocation({"not a tensor": [1, 2]}) is None
+    text = block_count.over_allocated_message(50, 40, facts.facts_for("0.33.0"))
+    assert "over-allocated, they hold 50 blocks and the scheduler budget (kv_cache_config.num_blocks) is 40" in text
+    assert "vLLM 0.33" in text and "Fix: allocate exactly kv_cache_config.num_blocks blocks" in text

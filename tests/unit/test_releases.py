@@ -1,9 +1,9 @@
 """The release table (xlkv_autopatch/releases.py) is the one place that says what differs between vLLM
 releases; the patch groups, the supported range and the behaviour facts are derived from it.
 
-PINNED_GROUPS is what ``all_groups()`` declared in 0.3.5 (plus the handoff groups of 0.3.12), before it was derived from the table
+PINNED_GROUPS is what ``all_groups()`` declared in 0.3.5, before it was derived from the table
 (hand-written PatchSpec calls): every group's name, range, trigger and order, and every target, kind,
-wrapper and parameter list.  PINNED_FACTS is what ``facts.facts_for`` answered then, from version
+wrapper and parameter list (0.3.12's handoff groups were pinned too, until 0.4.0 removed them).  PINNED_FACTS is what ``facts.facts_for`` answered then, from version
 thresholds, for releases inside, below and above the supported range (dev builds and release
 candidates included).  The derivation keeps both exactly."""
 
@@ -145,23 +145,6 @@ PINNED_GROUPS = [
     "    handshake.handshake_wrapper params=self,host,port,remote_tp_size,...",
     "  block_count.register_kv_caches method KC.v1.nixl.base_worker:NixlBaseConnectorWorker.register_kv_caches",
     "    block_count.register_wrapper params=self,kv_caches",
-    # added in 0.3.12 (issue 22): the P/D handoff levers, one group per NIXL home and load_start
-    "handoff-0.12 >=0.12,<0.20 on KC.v1.nixl_connector",
-    "  kv_receive_notice.wait method KC.v1.nixl_connector:NixlConnectorWorker._pop_done_transfers",
-    "    kv_receive_notice.pop_wrapper params=self,transfers",
-    "handoff-0.20 >=0.20,<0.24 on KC.v1.nixl",
-    "  kv_receive_notice.wait method KC.v1.nixl.worker:NixlConnectorWorker._pop_done_transfers",
-    "    kv_receive_notice.pop_wrapper params=self,transfers",
-    "handoff-0.24 >=0.24,<0.29 on KC.v1.nixl",
-    "  kv_receive_notice.wait method KC.v1.nixl.base_worker:NixlBaseConnectorWorker._pop_done_transfers",
-    "    kv_receive_notice.pop_wrapper params=self,transfers",
-    "handoff-0.29 >=0.29,<0.34 on KC.v1.nixl",
-    "  kv_receive_notice.wait method KC.v1.nixl.base_worker:NixlBaseConnectorWorker._pop_done_transfers",
-    "    kv_receive_notice.pop_wrapper params=self,transfers",
-    "  kv_load_start.at_bind method KC.v1.nixl.connector:NixlConnector.bind_connector_metadata",
-    "    kv_load_start.bind_wrapper params=self,connector_metadata on_named_class",
-    "  kv_load_start.once method KC.v1.nixl.connector:NixlConnector.start_load_kv",
-    "    kv_load_start.start_wrapper params=self,forward_context,... on_named_class",
     "guard >=0 on KC.factory always",
     "  kv_connector_factory.guard classmethod KC.factory:KVConnectorFactory.create_connector",
     "    kv_connector_factory.factory_wrapper",
@@ -286,11 +269,10 @@ def test_a_row_for_0_34_is_all_it_takes(with_0_34, monkeypatch, tmp_path, capsys
         reg.check_version("0.35.0")
     # the same patch groups as 0.33 (one range now reaching 0.34), the same behaviour facts
     assert _targets(reg.groups_for("0.34.0")) == _targets(reg.groups_for("0.33.0"))
-    assert [g.vllm for g in reg.groups_for("0.34.0")] == [">=0.29,<0.35", ">=0.29,<0.35", ">=0"]
+    assert [g.vllm for g in reg.groups_for("0.34.0")] == [">=0.29,<0.35", ">=0"]
     assert replace(facts.facts_for("0.34.0"), release=None) == replace(facts.facts_for("0.33.0"), release=None)
     # everything else, 0.12-0.33, stays as pinned but for that one range
     assert render(all_groups()) == [line.replace("layout-0.29 >=0.29,<0.34", "layout-0.29 >=0.29,<0.35")
-                                    .replace("handoff-0.29 >=0.29,<0.34", "handoff-0.29 >=0.29,<0.35")
                                     for line in PINNED_GROUPS]
     # status, on a stand-in vLLM 0.34.0 (package metadata only)
     meta = tmp_path / "vllm-0.34.0.dist-info"

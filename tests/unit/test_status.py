@@ -14,7 +14,7 @@ from xlkv_autopatch import __main__ as cli
 
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
-        "VLLM_PLUGINS")
+        "VLLM_PLUGINS", "XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT")
 
 
 @pytest.fixture
@@ -179,3 +179,120 @@ def test_a_stale_start_up_hook_or_metadata_is_noted(status, monkeypatch, tmp_pat
     notes = [l for l in text.splitlines() if l.startswith("NOTE: ")]
     assert [n for n in notes if str(old) in n and "reinstall" in n] and not [n for n in notes if str(fresh) in n]
     assert rc == 0, text
+
+
+def notes(text):
+    return [l for l in text.splitlines() if l.startswith("NOTE: ")]
+
+
+def refusals(text):
+    """The run-time refusal lines status lists for the installed release."""
+    lines = text.splitlines()
+    head = [i for i, l in enumerate(lines) if l.startswith("refused at run time on vLLM ")]
+    if not head:
+        return []
+    out = []
+    for l in lines[head[0] + 1:]:
+        if not l.startswith("  - "):
+            break
+        out.append(l[4:])
+    return out
+
+
+@pytest.mark.parametrize("flag", ["true", None])
+def test_a_knob_error_says_what_happens_whatever_the_activation_path(status, flag):
+    """Issue 31 item 2: status said "vLLM refuses to start" while the checkout's sitecustomize.py ran
+    stock; every path now refuses alike, and status says how."""
+    env = {"XLKV_COALESCE": "2"}
+    if flag:
+        env["ENABLE_XLKV"] = flag
+    rc, text = status("0.33.0", **env)
+    (line,) = problems(text)
+    assert "vLLM refuses to start, whatever the activation path: the .pth hook and the checkout's " \
+           "sitecustomize.py raise this error at every import of vLLM, the vLLM plugin when vLLM loads it" in line
+    assert ("once ENABLE_XLKV is on" in line) is (flag is None), line
+
+
+@pytest.mark.parametrize("name", ["XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"])
+@pytest.mark.parametrize("value", ["1", "maybe"])
+def test_a_removed_lever_is_a_note_not_a_problem(status, name, value):
+    """Issue 31: the handoff levers were removed in 0.4.0; a deployment that still sets one is told, not refused."""
+    rc, text = status("0.33.0", ENABLE_XLKV="true", **{name: value})
+    assert rc == 0 and problems(text) == [], text
+    (note,) = [n for n in notes(text) if name in n]
+    assert "%s was removed in xlkv_autopatch 0.4.0 (" % name in note and "); it has no effect" in note, note
+    assert "%s: " % name not in text  # no longer listed as a knob
+
+
+@pytest.mark.parametrize("vllm", ["0.12.0", "0.14.1", "0.21.0"])
+def test_the_one_sided_hazard_of_0_12_to_0_21_is_named_flag_off_and_on(status, vllm):
+    """Issue 31 item 4: flag on P only, the stock decode worker dies (vLLM's own KeyError in get_finished);
+    the shim cannot guard a side without the flag, so status names it on both sides."""
+    rc, text = status(vllm)
+    (note,) = [n for n in notes(text) if "KeyError" in n]
+    assert rc == 0 and "vLLM %s (0.12-0.21), ENABLE_XLKV is off here: if the peer engine has ENABLE_XLKV=true, " \
+                       "the NIXL handshake is refused and, if this engine decodes, it dies" % vllm[:4] in note, note
+    assert "Fix: set ENABLE_XLKV=true on both sides" in note
+    rc, text = status(vllm, ENABLE_XLKV="true")
+    (note,) = [n for n in notes(text) if "KeyError" in n]
+    assert rc == 0 and "the peer engine must have ENABLE_XLKV=true too" in note, note
+
+
+@pytest.mark.parametrize("vllm", ["0.22.0", "0.26.0", "0.33.0"])
+def test_no_one_sided_hazard_where_vllm_skips_failed_receives(status, vllm):
+    for env in ({}, {"ENABLE_XLKV": "true"}):
+        rc, text = status(vllm, **env)
+        assert "KeyError" not in text and "must have ENABLE_XLKV" not in text, text
+
+
+def test_the_hazard_follows_the_release_table(status, monkeypatch):
+    """Derived from the table's recv_lookup column, not a version typed into status."""
+    from dataclasses import replace
+
+    from xlkv_autopatch import releases
+
+    rows = tuple(replace(r, recv_lookup=True) if r.release == "0.26" else r for r in releases.RELEASES)
+    monkeypatch.setattr(releases, "RELEASES", rows)
+    rc, text = status("0.26.0")
+    (note,) = [n for n in notes(text) if "KeyError" in n]
+    assert "vLLM 0.26 (0.12-0.21, 0.26)" in note, note
+
+
+def test_runtime_refusals_of_0_33(status):
+    """Issue 31 item 6: status predicts the run-time refusals of the installed release."""
+    rc, text = status("0.33.0", ENABLE_XLKV="true")
+    got = refusals(text)
+    assert rc == 0 and len(got) == 4, text
+    assert got[0].startswith("a peer engine without ENABLE_XLKV=true") and "compatibility hash" in got[0]
+    assert got[1].startswith("a different block size on prefill and decode")
+    assert got[2].startswith("heterogeneous TP") and "with any backend" in got[2], got[2]
+    assert "(block-outermost layouts cannot be sliced by heads for heterogeneous TP)" in got[2], got[2]
+    assert got[3].startswith("KV tensors holding more blocks than the scheduler's budget")
+
+
+@pytest.mark.parametrize("vllm, tp", [
+    ("0.21.0", "with FLASHINFER/TRITON_ATTN: the handshake is refused (cross-layer blocks of a blocks-first backend "
+               "(K/V outermost) cannot be sliced by heads for heterogeneous TP); FLASH_ATTN is served (heads are "
+               "outermost in a FlashAttention cross-layer block)"),
+    ("0.24.0", "with any backend: the handshake is refused (cross-layer blocks of a blocks-first backend"),
+    ("0.26.0", "with FLASHINFER/TRITON_ATTN: the handshake"),
+    ("0.12.0", "with FLASHINFER: the handshake")])
+def test_runtime_refusals_follow_the_release(status, vllm, tp):
+    rc, text = status(vllm)  # flag off too: what would be refused once it is on
+    got = refusals(text)
+    assert [l for l in got if l.startswith("heterogeneous TP") and tp in l], got
+    assert got[-1] == "KV tensors that disagree on their block count: registration with NIXL is refused at start-up"
+    assert not [l for l in got if "scheduler's budget" in l]  # 0.18-0.28 register them whole
+    assert ("compares no hash" in got[0]) is (vllm == "0.12.0"), got[0]
+
+
+def test_runtime_refusals_are_derived_from_the_release_table(status, monkeypatch):
+    from dataclasses import replace
+
+    from xlkv_autopatch import releases
+
+    before = [l for l in refusals(status("0.26.0")[1]) if l.startswith("heterogeneous TP")]
+    rows = tuple(replace(r, fa_heads=False) if r.release == "0.26" else r for r in releases.RELEASES)
+    monkeypatch.setattr(releases, "RELEASES", rows)
+    after = [l for l in refusals(status("0.26.0")[1]) if l.startswith("heterogeneous TP")]
+    assert "FLASH_ATTN is served" in before[0] and "with any backend" in after[0], (before, after)

@@ -20,8 +20,7 @@ from ..errors import XlkvError
 from ..flag import flag_on, truthy
 from ..specs import PatchGroup, PatchSpec
 from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
-               kv_cache_layout, kv_connector_factory, kv_load_start, kv_receive_notice, model_runner,
-               multi_connector)
+               kv_cache_layout, kv_connector_factory, model_runner, multi_connector)
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
 #: patches attached to objects at run time rather than declared as PatchSpecs:
@@ -141,24 +140,6 @@ def _multi_group(rows):
                       vllm=releases.span(rows[0], rows[-1]), patches=patches, nixl=False)
 
 
-def _handoff_group(rows):
-    """The P/D handoff levers (each off unless its knob is set; issue 22): finished reads noticed
-    within the step (every release) and loads posted at bind (where vLLM posts them after the
-    forward).  Not a NIXL group: a lever that cannot be applied leaves the layout patches working."""
-    row = rows[0]
-    specs = [PatchSpec(name="kv_receive_notice.wait", module=row.home.worker, owner=row.home.worker_class,
-                       attr="_pop_done_transfers", kind="method", wrapper=kv_receive_notice.pop_wrapper,
-                       params=("self", "transfers"))]
-    if row.load_start == "after":
-        on_connector = dict(module=row.home.connector, owner="NixlConnector", kind="method", on_named_class=True)
-        specs += [PatchSpec(name="kv_load_start.at_bind", attr="bind_connector_metadata",
-                            wrapper=kv_load_start.bind_wrapper, params=("self", "connector_metadata"), **on_connector),
-                  PatchSpec(name="kv_load_start.once", attr="start_load_kv", wrapper=kv_load_start.start_wrapper,
-                            params=("self", "forward_context", "..."), **on_connector)]
-    return PatchGroup(name="handoff-%s" % row.release, trigger=row.home.trigger,
-                      vllm=releases.span(rows[0], rows[-1]), patches=tuple(specs), nixl=False)
-
-
 #: registered whatever the vLLM release, supported or not (its range is informational)
 GUARD = PatchGroup(name="guard", trigger=releases.CONNECTOR_FACTORY, vllm=">=0", nixl=False, always=True,
                    patches=(PatchSpec(name="kv_connector_factory.guard", module=releases.CONNECTOR_FACTORY,
@@ -171,11 +152,10 @@ def all_groups():
 
     The order is the order the hooks are registered in: the cross-layer-block releases' NIXL
     groups, the runner and MultiConnector groups, the KV-cache-layout releases' NIXL groups, the
-    handoff levers, the guard."""
+    guard."""
     nixl = releases.runs(_nixl_key)
     return ([_nixl_group(rows) for rows in nixl if rows[0].mechanism != "layout"]
             + [_runner_group(rows) for rows in releases.runs(lambda r: r.runner_v1 or None)]
             + [_multi_group(rows) for rows in releases.runs(lambda r: r.multi)]
             + [_nixl_group(rows) for rows in nixl if rows[0].mechanism == "layout"]
-            + [_handoff_group(rows) for rows in releases.runs(lambda r: (r.home, r.load_start))]
             + [GUARD])

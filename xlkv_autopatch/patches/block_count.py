@@ -25,10 +25,12 @@ How
     (INFO line); on 0.29+ (per-layer counts come from the KV cache config) refuses
     over-allocation instead.  An assertion of vLLM's own registration under xlkv's
     block-outermost layout (0.29+: e.g. a view it cannot partition into NIXL regions) is
-    re-raised naming the layout, the failed check and the fix.  After registration it
-    logs the regions, layout and KV cache groups once (a WARNING where vLLM registered a
-    block-outermost layout as more than one region), and the worker's NIXL transfers get
-    their descriptor order (transfer_order.py), whatever layout it registered.
+    re-raised naming the layout, the failed check and the fix; where the views' storage holds
+    whole blocks beyond the views (0.29+ build views of the budget's size over an over-allocated
+    tensor, so only the storage shows it), it names the over-allocation instead.  After
+    registration it logs the regions, layout and KV cache groups once (a WARNING where vLLM
+    registered a block-outermost layout as more than one region), and the worker's NIXL
+    transfers get their descriptor order (transfer_order.py), whatever layout it registered.
 vLLM versions
     0.12+ (owner: NixlConnectorWorker, NixlBaseConnectorWorker from 0.24).
 Removal
@@ -74,6 +76,31 @@ def _assertion_text(err):
     return "failed: %s" % (frames[-1].line if frames and frames[-1].line else "assertion without a message")
 
 
+def over_allocated_message(held, budget, f):
+    """The refusal of KV tensors holding more blocks than the scheduler's budget (0.29+)."""
+    return ("xlkv_autopatch: refusing to register the KV cache with NIXL: the KV tensors are over-allocated, they hold "
+            "%d blocks and the scheduler budget (kv_cache_config.num_blocks) is %d (an allocator with virtual "
+            "capacity, such as kvcached?). vLLM %d.%d takes per-layer block counts from the KV cache config, so "
+            "over-allocated tensors cannot be indexed safely in xlkv's block-outermost layout. Fix: allocate exactly "
+            "kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" % ((held, budget) + f.release[:2]))
+
+
+def storage_over_allocation(kv_caches):
+    """(blocks the storage holds, blocks the view holds) of the first view whose storage holds whole
+    blocks (of the view's block stride) beyond the view, or None.  0.29+ reshape the tensors to the
+    budget's block count, so an over-allocation shows only in the storage underneath."""
+    for value in kv_caches.values():
+        try:
+            stride = value.stride(0) * value.element_size()
+            held = (value.untyped_storage().nbytes() - value.storage_offset() * value.element_size()) // stride
+            view = int(value.shape[0])
+        except (AttributeError, TypeError, IndexError, RuntimeError, ZeroDivisionError):
+            continue
+        if stride > 0 and held > view:
+            return held, view
+    return None
+
+
 def _reconcile(instance, counts, f):
     """0.18+: the worker indexes the scheduler's budget; make it the tensors' real count."""
     expected = getattr(instance, "num_blocks", None)
@@ -91,10 +118,7 @@ def _reconcile(instance, counts, f):
     if not note:
         return
     if f.kv_cache_layouts:
-        raise XlkvRegistrationError(
-            "xlkv_autopatch: refusing to register the KV cache with NIXL: %s; vLLM %d.%d takes per-layer block counts "
-            "from the KV cache config, so over-allocated tensors cannot be indexed safely. Fix: allocate exactly "
-            "kv_cache_config.num_blocks blocks, or unset ENABLE_XLKV" % ((note,) + f.release[:2]))
+        raise XlkvRegistrationError(over_allocated_message(real, expected, f))
     if real % ratio:
         raise XlkvRegistrationError("xlkv_autopatch: %d kernel blocks are not a whole number of logical blocks "
                                     "(ratio %d)" % (real, ratio))
@@ -138,6 +162,10 @@ def register_wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
     except AssertionError as e:
         if f.kv_cache_layouts and _state.is_cross_layer(instance):
+            over = storage_over_allocation(kv_caches) if isinstance(kv_caches, dict) else None
+            if over is not None:  # the cause of vLLM's failed check, named (issue 31 item 5)
+                raise XlkvRegistrationError("%s (vLLM's check: %s)" % (over_allocated_message(over[0], over[1], f),
+                                                                       _assertion_text(e))) from e
             raise XlkvRegistrationError(
                 "xlkv_autopatch: vLLM cannot register this KV cache with NIXL in the block-outermost layout xlkv "
                 "asked for (%s). Fix: set VLLM_KV_CACHE_LAYOUT=LBHNC (the stock layout) or unset ENABLE_XLKV"
