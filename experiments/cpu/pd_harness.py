@@ -6,6 +6,7 @@ __init__ says what it does, ``--help`` too).
 Run with the python of an env made by mkenv.sh, from any folder:
     python experiments/cpu/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
                                       [--p-env KEY=VAL] [--d-env KEY=VAL] [--timeout 60]
+                                      [--netns [--link-flap SECONDS]]   (two hosts on one machine; root)
 """
 import os
 import sys

@@ -38,4 +38,5 @@ wrapped pass-through only to count the descriptors really handed to NIXL.
 #   logs         log capture inside a rank (errors, warnings, the shim's lines)
 #   checks       P's reference bytes and D's blocks compared with them
 #   session      the parent's run: start, handshake, cases, the result dict
+#   netns        --netns: P and D in two network namespaces joined by a veth pair
 #   cli          the command line (experiments/cpu/pd_harness.py calls cli.main)

@@ -3,6 +3,7 @@ written to --out; a one-line summary on stdout; exit 0 when every case's bytes m
 import argparse
 import json
 import os
+import signal
 import sys
 
 from . import model
@@ -71,6 +72,14 @@ def build_parser():
                     help="environment of that second prefill engine (on top of --env)")
     ap.add_argument("--refused-peer-port", type=int, default=None,
                     help="its side-channel port (default --p-port + 2)")
+    ap.add_argument("--netns", action="store_true",
+                    help="P and D in two network namespaces joined by a veth pair (two hosts on one "
+                         "machine): side channel and NIXL (UCX_TLS=tcp) over the pair; needs root")
+    ap.add_argument("--link-flap", type=float, default=None, metavar="SECONDS",
+                    help="--netns: after the cases, take the veth down for SECONDS while D reads a "
+                         "request, then up; then one more request must arrive exactly")
+    ap.add_argument("--link-flap-rate", default="1mbit",
+                    help="P's egress during that read (tc tbf rate), so that the link drops mid-transfer")
     ap.add_argument("--p-port", type=int, default=int(os.environ.get("XLKV_P_PORT", 5611)))
     ap.add_argument("--d-port", type=int, default=int(os.environ.get("XLKV_D_PORT", 5612)))
     return ap
@@ -83,6 +92,10 @@ def main(argv=None):
         assert args.p_tp == 1 and args.d_tp == 1, "--refused-peer-* runs at TP 1 on both sides"
         args.refused_peer_port = args.refused_peer_port or args.p_port + 2
     model.set_kv_heads(args.kv_heads)
+    if args.link_flap and not args.netns:
+        ap.error("--link-flap needs --netns")
+    if args.netns:  # a SIGTERM still runs the run's finally (which removes the namespaces)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.transfer == "push" and (args.p_tp > 1 or args.d_tp > 1):
         ap.error("--transfer push runs at TP 1 only")
     result = PairRun(args).run()

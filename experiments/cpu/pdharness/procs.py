@@ -14,10 +14,18 @@ def parse_env(items):
     return dict(x.split("=", 1) for x in items)
 
 
-def side_env(both, items, port):
-    """One engine's environment: --env, its own KEY=VALs, its side-channel port on 127.0.0.1."""
-    return dict(both, **parse_env(items), VLLM_NIXL_SIDE_CHANNEL_PORT=str(port),
-                VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+def side_env(both, items, port, host="127.0.0.1", net=None):
+    """One engine's environment: --env, its own KEY=VALs, its side-channel port on ``host``
+    (--netns: ``net``, the namespace's settings, under both)."""
+    return dict(dict(net or {}, **both), **parse_env(items), VLLM_NIXL_SIDE_CHANNEL_PORT=str(port),
+                VLLM_NIXL_SIDE_CHANNEL_HOST=host)
+
+
+def child_in_netns(netns_name, *args):
+    """--netns: a rank worker that first enters its side's network namespace."""
+    from .netns import enter
+    enter(netns_name)
+    child_main(*args)
 
 
 def expect(q, kinds, timeout, what):
@@ -62,6 +70,7 @@ class Ranks:
         self.ctx = mp.get_context("spawn")
         self.args, self.tmpdir = args, tmpdir
         self.procs = []
+        self.netns = {}  # --netns: role -> network namespace its rank workers run in
 
     def side(self, ranks):
         return Side(self.ctx, ranks)
@@ -71,8 +80,9 @@ class Ranks:
         saved = dict(os.environ)
         os.environ.update(env)  # so that interpreter-startup hooks (.pth) see it too
         try:
-            p = self.ctx.Process(target=child_main,
-                                 args=(role, dict(vars(self.args), tp_rank=rank, **overrides), self.tmpdir,
+            ns = self.netns.get(role)
+            p = self.ctx.Process(target=child_in_netns if ns else child_main,
+                                 args=((ns,) if ns else ()) + (role, dict(vars(self.args), tp_rank=rank, **overrides), self.tmpdir,
                                        side.cmd[index], side.res[index], env), daemon=True)
             p.start()
         finally:

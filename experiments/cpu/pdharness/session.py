@@ -8,6 +8,7 @@ import time
 from . import model
 from .cases import CASES, REFUSED_PEER, expected_pairs, selected
 from .checks import join_reference, verify
+from .netns import NetnsPair, link_flap
 from .procs import Ranks, expect, parse_env, side_env
 
 
@@ -37,17 +38,24 @@ class PairRun:
         args = self.args
         cases = selected(args.case, args.over_allocate)
         both = parse_env(args.env)
-        env_p = side_env(both, args.p_env, args.p_port)
-        env_d = side_env(both, args.d_env, args.d_port)
+        # --netns: P and D in two network namespaces joined by a veth pair (removed in finally)
+        self.net = NetnsPair() if getattr(args, "netns", False) else None
+        self.host = dict(self.net.addr) if self.net else {"p": "127.0.0.1", "d": "127.0.0.1"}
+        net = self.net.env if self.net else (lambda side: None)
+        env_p = side_env(both, args.p_env, args.p_port, self.host["p"], net("p"))
+        env_d = side_env(both, args.d_env, args.d_port, self.host["d"], net("d"))
         self.result = result = new_result(args, env_p, env_d)
         env_x = None
         if self.refused_peer:
-            env_x = side_env(both, args.refused_peer_env, args.refused_peer_port)
+            env_x = side_env(both, args.refused_peer_env, args.refused_peer_port, self.host["p"], net("p"))
             result["env_refused_peer"] = env_x
         tmpdir = tempfile.mkdtemp(prefix="pdh-")
         model.write_model_dir(os.path.join(tmpdir, "tinyllama"))
         # one process per TP rank and side (P rank i: self.p.cmd[i], self.p.res[i]); TP 1: one P, one D
         self.ranks = Ranks(args, tmpdir)
+        if self.net:  # the refused second prefill (role "p") runs on P's host
+            self.ranks.netns = dict(self.net.ns)
+            result["netns"] = self.net.describe()
         self.p, self.d = self.ranks.side(args.p_tp), self.ranks.side(args.d_tp)
         self.x = self.ranks.side(1) if self.refused_peer else None
         if self.tp_run:
@@ -61,6 +69,8 @@ class PairRun:
             if self.refused_peer:
                 self._refused_peer_request()
             all_ok = self._run_cases(cases)
+            if getattr(args, "link_flap", None):
+                all_ok &= link_flap(self, args.link_flap, args.link_flap_rate)
             for side in (self.d, self.p, self.x):
                 if side is not None:
                     side.put(("stop",))
@@ -70,6 +80,9 @@ class PairRun:
             all_ok = False
         finally:
             self.ranks.join()
+            if self.net:
+                self.net.close()
+                result["netns"]["left_behind"] = self.net.leftovers()
         self._finish(all_ok)
         return result
 
@@ -102,6 +115,7 @@ class PairRun:
         p_info = p_infos[0]
         p_info["engine_id"] = "p-engine"
         p_info["port"] = args.p_port
+        p_info["host"] = self.host["p"]
         p_info["tp_size"] = args.p_tp
         self._describe(p_infos, d_infos)
         self.p_info, self.d_infos = p_info, d_infos
@@ -141,7 +155,8 @@ class PairRun:
         args, result = self.args, self.result
         expect(self.x.res[0], ("ready",), args.setup_timeout or 180, "refused peer setup")
         suffix, remote, local = REFUSED_PEER["request"]
-        pmsg = {"engine_id": REFUSED_PEER["engine_id"], "port": args.refused_peer_port, "tp_size": 1}
+        pmsg = {"engine_id": REFUSED_PEER["engine_id"], "port": args.refused_peer_port, "tp_size": 1,
+                "host": self.host["p"]}
         self.d.put(("recv", "req-refused-" + suffix, remote, local, pmsg))
         try:
             rs = self.d.expect_all(("recv",), args.timeout + 15, "D recv req-refused-" + suffix)
@@ -165,24 +180,30 @@ class PairRun:
         for cname in cases:
             for suffix, remote, local, ntok in CASES[cname]:
                 c = {"num_tokens": ntok}
+                c0 = self.net.counters() if self.net else None
                 try:
                     self._transfer(c, f"req-{cname}-{suffix}", remote, local)
                 except Exception as e:
                     c["ok"] = False
                     c["error"] = f"{type(e).__name__}: {e}"[:3000]
+                if c0:  # --netns: what crossed the veth during this request
+                    c["veth"] = NetnsPair.delta(c0, self.net.counters())
                 if not c["ok"]:
                     self._failure(cname, c)
                 self.result["cases"][cname] = c
                 all_ok &= c["ok"]
         return all_ok
 
-    def _transfer(self, c, req, remote, local):
-        """One request: P registers it, D pulls it; D's bytes checked against P's."""
+    def _transfer(self, c, req, remote, local, during=None):
+        """One request: P registers it, D pulls it; D's bytes checked against P's.
+        ``during()`` runs while D is pulling (--link-flap)."""
         args = self.args
         self.p.put(("send", req, remote))
         self.p.expect_all(("send_ack",), args.timeout, "P send registration")
-        pmsg = {k: self.p_info[k] for k in ("engine_id", "port", "tp_size")}
+        pmsg = {k: self.p_info[k] for k in ("engine_id", "port", "tp_size", "host")}
         self.d.put(("recv", req, remote, local, pmsg))
+        if during:
+            during()
         rs = self.d.expect_all(("recv",), args.timeout + 15, f"D recv {req}")
         layers = [r.pop("layers") for r in rs]
         r = rs[0]

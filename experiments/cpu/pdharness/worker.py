@@ -190,7 +190,7 @@ def _recv_metadata(st, args, req, remote_ids, local_ids, p_info):
     md = new_md(st)
     params = dict(remote_block_ids=block_ids_arg(st, remote_ids),
                   remote_engine_id=p_info["engine_id"], remote_request_id=req,
-                  remote_host="127.0.0.1", remote_port=p_info["port"],
+                  remote_host=p_info.get("host", "127.0.0.1"), remote_port=p_info["port"],
                   tp_size=p_info.get("tp_size", 1), do_remote_prefill=True,
                   do_remote_decode=False)
     lids = block_ids_arg(st, local_ids)
@@ -199,9 +199,10 @@ def _recv_metadata(st, args, req, remote_ids, local_ids, p_info):
         # P's blocks; it registers its own with P (a NIXL notification) and waits
         params["remote_block_ids"] = ()
         md.push_registrations = {req: dict(
-            request_id=req, decode_engine_id="d-engine", decode_host="127.0.0.1",
+            request_id=req, decode_engine_id="d-engine",
+            decode_host=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1"),
             decode_port=args.d_port, decode_tp_size=st["tp"], local_block_ids=lids,
-            remote_engine_id=p_info["engine_id"], remote_host="127.0.0.1",
+            remote_engine_id=p_info["engine_id"], remote_host=p_info.get("host", "127.0.0.1"),
             remote_port=p_info["port"], remote_tp_size=p_info.get("tp_size", 1),
             remote_pp_size=1)}
     if hasattr(md, "add_new_req_to_recv"):
