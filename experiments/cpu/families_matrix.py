@@ -23,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "pd_harness.py")
-FAMILIES = ("dense", "mqa", "mla", "swa")
+FAMILIES = ("mla", "swa", "mqa", "dense")
 CONFIGS = ("stock", "native", "xlkv")
 
 
@@ -50,6 +50,7 @@ def summarize(r):
     """What the results file keeps of one harness result."""
     keep = {k: r.get(k) for k in ("family", "vllm", "backend", "kv_layout", "cross_layer", "num_regions",
                                   "descs_per_block", "block_len", "transfer_verified", "registered",
+                                  "hybrid_allocator", "env_p", "env_d", "native_opt_in",
                                   "p_d_layout_match", "timing_s")}
     keep["errors"] = [e[:1500] for e in r.get("errors") or []][:5]
     keep["kv_cache_groups"] = [{k: g.get(k) for k in ("spec", "sliding_window", "block_size", "page_size_bytes")}
@@ -61,7 +62,7 @@ def summarize(r):
     keep["xlkv_log_d"] = [line[:400] for line in (r.get("d") or {}).get("xlkv_log") or []][-8:]
     keep["cases"] = {}
     for name, c in (r.get("cases") or {}).items():
-        keep["cases"][name] = {k: c.get(k) for k in ("ok", "bytes_ok", "num_mismatches", "block_ids",
+        keep["cases"][name] = {k: c.get(k) for k in ("ok", "bytes_ok", "recv_done", "num_mismatches", "block_ids",
                                                      "xfer_descs", "xfer_descs_per_block", "nixl_descs",
                                                      "groups", "failure_reason")}
     return keep
@@ -102,16 +103,21 @@ def main(argv=None):
             r["harness_args"] = cmd[4:] + ["%s=%s" % kv for kv in env.items()]
             r["wall_s"] = round(time.time() - t0, 1)
             res["runs"].setdefault(fam, {})[cfg] = r
+            write(args.out, res)  # after every run: a cut-off matrix keeps what it measured
             c = (r.get("cases") or {}).get("groups") or {}
             print("%-6s %-7s verified=%s regions=%s descs/block=%s sent/block-id=%s moved=%s (%ss)%s" % (
                 fam, cfg, r.get("transfer_verified"), r.get("num_regions"), r.get("descs_per_block"),
                 c.get("xfer_descs_per_block"), c.get("nixl_descs"), r["wall_s"],
                 "" if r.get("transfer_verified") else "  " + str((r.get("errors") or [""])[0])[:300]),
                 flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write(args.out, res)
     return 0
+
+
+def write(path, res):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@ one-KV-head figures are recorded only (issue 34 changes them). One harness run p
 config (a single request carrying every group's block ids), so the file costs about ten runs
 per release. experiments/cpu/families_matrix.py writes the same runs into a results file."""
 
+import importlib.util
 import json
+import os
 
 import pytest
 
-from conftest import harness, once_per_session, release_of
+from conftest import ROOT, harness, once_per_session, release_of
 
 FAMILIES = ("mla", "swa", "mqa")
 CONFIGS = {"stock": ((), {}), "xlkv": ((), {"ENABLE_XLKV": "true"}),
@@ -27,7 +29,9 @@ CONFIGS = {"stock": ((), {}), "xlkv": ((), {"ENABLE_XLKV": "true"}),
 
 @pytest.fixture(scope="module")
 def runs(vllm_env, tmp_path_factory):
-    """(family, config) -> the harness result, run on first use and kept for the module."""
+    """(family, config) -> the harness result, run on first use and kept for the module.
+    XLKV_FAMILIES_RESULTS=FILE: afterwards the runs go into FILE as families_matrix.py
+    writes them (experiments/results/2026-11-25-families-cpu-<release>.json)."""
     cache = {}
 
     def get(family, config, *extra):
@@ -38,7 +42,19 @@ def runs(vllm_env, tmp_path_factory):
                                  "%s-%s" % (family, config), "--family", family, "--case", "groups",
                                  *args, *extra, env=env)
         return cache[key]
-    return get
+    yield get
+    out = os.environ.get("XLKV_FAMILIES_RESULTS")
+    if out:
+        spec = importlib.util.spec_from_file_location(
+            "families_matrix", os.path.join(ROOT, "experiments", "cpu", "families_matrix.py"))
+        fm = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fm)
+        res = {"vllm": vllm_env[0], "command": "XLKV_FAMILIES_RESULTS=%s pytest tests/real/test_model_families.py" % out,
+               "runs": {}}
+        for key, r in cache.items():
+            res["runs"].setdefault(key[0], {})["-".join(key[1:])] = fm.summarize(r)
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
 
 
 def _groups_case(r):
