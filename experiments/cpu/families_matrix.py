@@ -75,7 +75,12 @@ def main(argv=None):
     ap.add_argument("--family", action="append", choices=FAMILIES)
     ap.add_argument("--config", action="append", choices=CONFIGS)
     ap.add_argument("--timeout", type=float, default=45)
+    ap.add_argument("--collect", nargs="+", metavar="RESULT_JSON",
+                    help="no runs: summarize harness results already written, each named "
+                         "<family>-<config>.json (e.g. those of tests/real/test_model_families.py)")
     args = ap.parse_args(argv)
+    if args.collect:
+        return collect(args)
     ver, rel = release(args.python)
     res = {"vllm": ver, "date": time.strftime("%Y-%m-%d"),
            "command": "python experiments/cpu/families_matrix.py --python ENV_PYTHON --out " + args.out,
@@ -110,6 +115,20 @@ def main(argv=None):
                 c.get("xfer_descs_per_block"), c.get("nixl_descs"), r["wall_s"],
                 "" if r.get("transfer_verified") else "  " + str((r.get("errors") or [""])[0])[:300]),
                 flush=True)
+    write(args.out, res)
+    return 0
+
+
+def collect(args):
+    ver, _ = release(args.python)
+    res = {"vllm": ver, "date": time.strftime("%Y-%m-%d"),
+           "command": "python experiments/cpu/families_matrix.py --python ENV_PYTHON --out %s --collect ..."
+                      % args.out, "runs": {}}
+    for path in args.collect:
+        fam, cfg = os.path.basename(path)[:-len(".json")].split("-", 1)
+        r = summarize(json.load(open(path)))
+        assert r["vllm"] in (None, ver), (path, r["vllm"], ver)
+        res["runs"].setdefault(fam, {})[cfg] = r
     write(args.out, res)
     return 0
 

@@ -11,8 +11,8 @@ Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group c
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
 sides), 1 descriptor per block for MLA and 1 per block id for sliding-window hybrids; the
 one-KV-head figures are recorded only (issue 34 changes them). One harness run per family and
-config (a single request carrying every group's block ids), so the file costs about ten runs
-per release. experiments/cpu/families_matrix.py writes the same runs into a results file."""
+config (a single request carrying every group's block ids): 6 runs per release, 2 more on
+0.29+ (native for mla and swa) and 1 (the planted fault) on the newest release selected. experiments/cpu/families_matrix.py writes the same runs into a results file."""
 
 import importlib.util
 import json
@@ -74,6 +74,8 @@ def _assert_bytes_exact(r, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_transfer_is_byte_exact(vllm_env, runs, family, config):
     r = runs(family, config)
+    print(json.dumps({"family": family, "config": config, "registered": r["registered"],
+                      "sent_per_block_id": _groups_case(r)["xfer_descs_per_block"]}))
     _assert_bytes_exact(r, family)
     reg = r["registered"] or {}
     if "descs_per_block_id" in reg:
@@ -106,7 +108,7 @@ def _per_block(r):
     return r["registered"].get("descs_per_block_id", r["descs_per_block"]), _groups_case(r)["xfer_descs_per_block"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["mla", "swa"])  # mqa: recorded only (issue 34), no native run
 def test_flag_on_never_more_descriptors_than_vllms_own_setting(vllm_env, runs, family):
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 32's targets are for 0.29+ (VLLM_KV_CACHE_LAYOUT=BLNHC is vLLM's setting there)")
@@ -117,8 +119,6 @@ def test_flag_on_never_more_descriptors_than_vllms_own_setting(vllm_env, runs, f
     reg_n, sent_n = _per_block(native)
     print(json.dumps({"family": family, "xlkv": [reg_x, sent_x], "native": [reg_n, sent_n],
                       "stock": list(_per_block(runs(family, "stock")))}))
-    if family == "mqa":
-        return  # recorded only: issue 34 changes the one-KV-head registration
     assert reg_x <= reg_n and sent_x <= sent_n, (family, reg_x, reg_n, sent_x, sent_n)
 
 
