@@ -26,9 +26,41 @@ REFUSED_PEER = {"engine_id": "p-refused-engine", "request": ("x", [1, 2, 3], [23
 CASE_ORDER += list(ORDER_CASES)
 
 
+# "groups": one request of GROUP_CASE_BLOCKS full blocks on a model with one or several KV
+# cache groups, block ids per group as vLLM's scheduler hands them over (group_case); the
+# default case of a run with several groups (flat cases above name one group's ids only)
+GROUP_CASE_BLOCKS = 6
+CASE_CHOICES = CASE_ORDER + ["groups"]
+
+
+def group_case(groups, block_size=BLOCK_SIZE):
+    """[(suffix, remote ids per group, local ids per group, num tokens)] for the "groups" case.
+    Every KV cache group takes its own block ids from the one block pool (disjoint, never the
+    null block 0), for the whole prompt; a sliding-window group then keeps only its in-window
+    tail, cdiv(window, block size) + 1 blocks, on both sides (vLLM's NIXL scheduler:
+    blocks_per_sw and get_exchange_clipped_blocks, 0.33 nixl/base_scheduler.py)."""
+    import random
+    n = GROUP_CASE_BLOCKS
+    rng = random.Random(7)
+    rpool = rng.sample(range(1, NUM_BLOCKS), n * len(groups))
+    lpool = rng.sample(range(1, NUM_BLOCKS), n * len(groups))
+    remote, local = [], []
+    for g, grp in enumerate(groups):
+        r, l_ = rpool[g * n:(g + 1) * n], lpool[g * n:(g + 1) * n]
+        window = grp.get("sliding_window")
+        if window:
+            keep = -(-window // (grp.get("block_size") or block_size)) + 1
+            r, l_ = r[-keep:], l_[-keep:]
+        remote.append(r)
+        local.append(l_)
+    return [("g", remote, local, n * block_size)]
+
+
 def expected_pairs(remote, local):
     """(D block, P block) pairs vLLM transfers: D lists only the blocks it must fill, so
     with fewer local than remote blocks (a prefix-cache hit on D) they pair with P's last."""
+    if local and isinstance(local[0], (list, tuple)):  # one list per KV cache group
+        return [p for r, l_ in zip(remote, local) for p in expected_pairs(r, l_)]
     return list(zip(local, remote[len(remote) - len(local):]))
 
 

@@ -45,6 +45,10 @@ def fill_reference(state):
             src = src.contiguous()
         t.copy_(src)
         ref[n] = src
+    if len(state.get("kv_cache_groups") or ()) > 1:
+        # several KV cache groups: layers of different groups share one tensor (vLLM's
+        # hybrid allocator), so the reference is what the shared memory holds at the end
+        ref = {n: state["kv_caches"][n].clone() for n in state["names"]}
     return ref
 
 
@@ -55,6 +59,35 @@ def plant_corruption(st, local_ids):
     idx = [0] * t.dim()
     idx[block_dim(t.shape, st["tensor_blocks"])] = local_ids[0] * st["kernel_ratio"]
     t[tuple(idx)] += 1.0
+
+
+def plant_group_shift(st, local_ids):
+    """Planted fault (harness self-test, --plant-fault shift-group): in the LAST KV cache
+    group, the first received block is replaced by the block after it, as a descriptor of
+    that group shifted by one block would deliver; the per-group check must catch it."""
+    groups = st.get("kv_cache_groups") or [{"layers": st["names"]}]
+    ids = local_ids[-1] if local_ids and isinstance(local_ids[0], (list, tuple)) else local_ids
+    t = st["kv_caches"][groups[-1]["layers"][0]]
+    bd = block_dim(t.shape, st["tensor_blocks"])
+    k = st["kernel_ratio"]
+    lid = ids[0] * k
+    t.select(bd, lid).copy_(t.select(bd, (lid + k) % st["tensor_blocks"]).clone())
+
+
+def group_breakdown(groups, local_ids, remote_ids, bad):
+    """The byte check per KV cache group: each group's layers x its own received blocks
+    (mismatch lines of verify() that name one of its layers and one of its blocks)."""
+    out = []
+    for g, grp in enumerate(groups):
+        lids, rids = local_ids[g], remote_ids[g]
+        names = set(grp["layers"])
+        n_bad = sum(1 for line in bad if line.split(" local block ")[0] in names
+                    and line.split(" local block ")[1].split(" ")[0].isdigit()
+                    and int(line.split(" local block ")[1].split(" ")[0]) in lids)
+        out.append({"group": g, "spec": grp.get("spec"), "sliding_window": grp.get("sliding_window"),
+                    "layers": len(names), "remote_block_ids": list(rids), "local_block_ids": list(lids),
+                    "blocks_checked": len(lids) * len(names), "mismatches": n_bad})
+    return out
 
 
 def verify(p_info, d_layers, expected_owner, d_shape=None, d_rank=0, d_tp=1):

@@ -7,7 +7,7 @@ import signal
 import sys
 
 from . import model
-from .cases import CASE_ORDER
+from .cases import CASE_CHOICES
 from .session import PairRun
 
 SUMMARY_KEYS = ("vllm", "backend", "kv_layout", "cross_layer", "num_regions", "descs_per_block",
@@ -17,8 +17,13 @@ SUMMARY_KEYS = ("vllm", "backend", "kv_layout", "cross_layer", "num_regions", "d
 def build_parser():
     ap = argparse.ArgumentParser(description=sys.modules[__package__].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--case", action="append", choices=CASE_ORDER,
-                    help="run only these cases (default: all, in order)")
+    ap.add_argument("--case", action="append", choices=CASE_CHOICES,
+                    help="run only these cases (default: all, in order; a model with several KV cache "
+                         "groups: groups)")
+    ap.add_argument("--family", choices=model.FAMILY_NAMES, default="dense",
+                    help="the model's shape (pdharness/model.py FAMILIES): dense (tiny Llama), mqa (one KV "
+                         "head), mla (DeepSeek-V2-shaped MLA), swa (gpt-oss-shaped sliding-window + full "
+                         "hybrid: several KV cache groups)")
     ap.add_argument("--native-opt-in", action="store_true",
                     help="kv_connector_extra_config enable_cross_layers_blocks=True (0.16-0.28)")
     ap.add_argument("--p-env", action="append", default=[], metavar="KEY=VAL")
@@ -48,16 +53,18 @@ def build_parser():
     ap.add_argument("--p-tp", type=int, default=1, metavar="N",
                     help="tensor-parallel size of P: N worker ranks, one process each (gloo group)")
     ap.add_argument("--d-tp", type=int, default=1, metavar="N", help="tensor-parallel size of D")
-    ap.add_argument("--kv-heads", type=int, default=model.NUM_KV_HEADS,
-                    help="KV heads of the model (default %d; each TP rank holds KV heads / TP)"
-                    % model.NUM_KV_HEADS)
-    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder", "uneven-regions"), default=None,
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="KV heads of the model (default: the family's, %d for dense; each TP rank holds "
+                         "KV heads / TP)" % model.NUM_KV_HEADS)
+    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder", "uneven-regions", "shift-group"),
+                    default=None,
                     help="harness self-test, the run must fail: 'corrupt' changes one received "
                          "element on D's last rank; 'swap-d-ranks' starts D's ranks in reverse "
                          "order while the parent checks them as if they were in order; 'misorder' reverses the local "
                          "descriptor ids of every transfer without their remote partners; 'uneven-regions' hands "
                          "D's connector worker, at registration, regions that disagree on their block count (the "
-                         "first layer one block short, or the cross-layer tensor plus a view one block shorter)")
+                         "first layer one block short, or the cross-layer tensor plus a view one block shorter); "
+                         "'shift-group' replaces the last KV cache group's first received block by the next block")
     ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
                     help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
                          "into D's blocks; releases that have it, TP 1 only)")
@@ -91,7 +98,9 @@ def main(argv=None):
     if args.refused_peer_block_size or args.refused_peer_env:
         assert args.p_tp == 1 and args.d_tp == 1, "--refused-peer-* runs at TP 1 on both sides"
         args.refused_peer_port = args.refused_peer_port or args.p_port + 2
-    model.set_kv_heads(args.kv_heads)
+    model.set_family(args.family)
+    model.set_kv_heads(args.kv_heads or model.NUM_KV_HEADS)
+    args.kv_heads = model.NUM_KV_HEADS
     if args.link_flap and not args.netns:
         ap.error("--link-flap needs --netns")
     if args.netns:  # a SIGTERM still runs the run's finally (which removes the namespaces)

@@ -59,7 +59,12 @@ def kernel_block_sizes(runner, kvcc):
 
 def block_ids_arg(state, ids):
     """Flat list on releases whose ReqMeta.local_block_ids is list[int], else one list
-    per KV cache group."""
+    per KV cache group. ``ids`` is a flat list (one KV cache group) or, on a model with
+    several groups (--family swa), one list per group."""
+    if ids and isinstance(ids[0], (list, tuple)):
+        if len(ids) > 1:
+            return tuple(list(g) for g in ids)
+        ids = ids[0]  # one group: as the release spells it (flat list on old releases)
     import importlib
     mod = importlib.import_module(type(state["conn"]).__module__)
     md_cls = None

@@ -34,6 +34,8 @@ def force_platform():
             pass
         return "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
 
+    mla_path = []  # resolved once, on the first MLA request
+
     class FakeCudaPlatform(CpuPlatform):
         device_type = "cuda"
         device_name = "cuda"
@@ -48,17 +50,44 @@ def force_platform():
 
         @classmethod
         def get_attn_backend_cls(cls, *args, **kwargs):
+            if model.is_mla():  # --family mla: the MLA backend vLLM's CUDA platform would pick
+                if not mla_path:
+                    mla_path.append(_mla_backend_path())
+                return mla_path[0]
             return _fa_path()
 
     P._current_platform = FakeCudaPlatform()
     return "fakecuda"
 
 
+def _mla_backend_path():
+    """--family mla: FLASH_ATTN_MLA (what vLLM picked for an MLA model on an H100) where its
+    class imports, else TRITON_MLA (the portable Triton backend, block sizes multiple of 16;
+    FLASH_ATTN_MLA needs the CUDA flash-attention extension, so on this CPU platform it is
+    TRITON_MLA). The backend is never run: the harness needs only its KV cache shape, stride
+    order and layouts."""
+    enum = None
+    for mod in ("vllm.v1.attention.backends.registry", "vllm.attention.backends.registry"):
+        try:
+            enum = __import__(mod, fromlist=["AttentionBackendEnum"]).AttentionBackendEnum
+            break
+        except Exception:
+            continue
+    for n in ("FLASH_ATTN_MLA", "TRITON_MLA"):
+        try:
+            member = getattr(enum, n)
+            member.get_class()
+            return member.get_path()
+        except Exception:
+            continue
+    return "vllm.v1.attention.backends.mla.triton_mla.TritonMLABackend"
+
+
 def setup(role, args, tmpdir):
     """Build config, connector, KV cache, registration. Returns a dict of state."""
     import importlib.metadata as md
 
-    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None)}
+    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None), "family": model.FAMILY}
     state["platform"] = force_platform()
 
     # what the engine core / worker do first: load general plugins (the shim may be one)
@@ -78,6 +107,8 @@ def setup(role, args, tmpdir):
     state["vllm"] = md.version("vllm")
     cfg = _vllm_config(role, args, tmpdir, state)
     state["cfg"] = cfg
+    # what VllmConfig decided for the hybrid KV cache manager (several KV cache groups)
+    state["hybrid_allocator"] = not getattr(cfg.scheduler_config, "disable_hybrid_kv_cache_manager", True)
     state["use_v2_model_runner"] = _use_v2_model_runner(cfg)
     _init_distributed(cfg, args, tmpdir, state)
 
@@ -91,11 +122,12 @@ def setup(role, args, tmpdir):
     if kernel_bs:
         backend.get_supported_kernel_block_sizes = staticmethod(lambda *a, **k: [kernel_bs])
 
-    names = [f"model.layers.{i}.self_attn.attn" for i in range(model.NUM_LAYERS)]
-    spec = _attention_spec(cfg, backend, state)
-    specs = {n: spec for n in names}
+    names = model.layer_names()
+    specs = {n: _attention_spec(cfg, backend, state, kind) for n, kind in model.layer_kinds().items()}
+    spec = specs[names[0]]
     layout_api = _resolve_layout(cfg, backends, specs, state)
     kvcc = _plan_kv_cache(cfg, specs, spec, layout_api)
+    state["kv_cache_groups"] = _groups(kvcc)
     state["num_blocks"] = kvcc.num_blocks
     extra_blocks = _over_allocate(kvcc, args)
     state["kernel_ratio"] = state["block_size"] // kernel_bs if kernel_bs else 1
@@ -154,7 +186,7 @@ def _vllm_config(role, args, tmpdir, state):
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     model_dir = os.path.join(tmpdir, "tinyllama")
     mc = kw(ModelConfig, model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
-            dtype="bfloat16", max_model_len=512, seed=0)
+            dtype="bfloat16", max_model_len=model.MAX_MODEL_LEN, seed=0)
     # --p-block-size / --d-block-size: a P/D block-size mismatch
     block_size = getattr(args, f"{role}_block_size", None) or model.BLOCK_SIZE
     state["block_size"] = block_size
@@ -209,16 +241,30 @@ def _init_distributed(cfg, args, tmpdir, state):
     initialize_model_parallel(tp, 1)
 
 
-def _attention_spec(cfg, backend, state):
+def _attention_spec(cfg, backend, state, kind="full"):
+    """One layer's KV cache spec, as the model's attention layer builds it: ``kind`` (the
+    family table's) full -> FullAttentionSpec, sliding -> SlidingWindowSpec, mla ->
+    MLAAttentionSpec (one latent head of kv_lora_rank + rope per token, no K/V split)."""
     import dataclasses
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     tp = state["tp"]
-    assert model.NUM_KV_HEADS % tp == 0, f"{model.NUM_KV_HEADS} KV heads do not split over TP {tp}"
-    # each rank holds its share of the KV heads (vLLM's Attention layer divides them by TP)
-    spec = kw(FullAttentionSpec, block_size=state["block_size"], num_kv_heads=model.NUM_KV_HEADS // tp,
-              head_size=model.HEAD_DIM, dtype=torch.bfloat16)
+    if kind == "mla":
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+        # vLLM's MLAAttention layer: num_kv_heads=1 whatever TP (the latent is replicated)
+        spec = kw(MLAAttentionSpec, block_size=state["block_size"], num_kv_heads=1,
+                  head_size=model.HEAD_DIM, dtype=torch.bfloat16, cache_dtype_str="auto")
+    else:
+        assert model.NUM_KV_HEADS % tp == 0, f"{model.NUM_KV_HEADS} KV heads do not split over TP {tp}"
+        # each rank holds its share of the KV heads (vLLM's Attention layer divides them by TP)
+        common = dict(block_size=state["block_size"], num_kv_heads=model.NUM_KV_HEADS // tp,
+                      head_size=model.HEAD_DIM, dtype=torch.bfloat16)
+        if kind == "sliding":
+            from vllm.v1.kv_cache_interface import SlidingWindowSpec
+            spec = kw(SlidingWindowSpec, sliding_window=model.SLIDING_WINDOW, **common)
+        else:
+            spec = kw(FullAttentionSpec, **common)
     # mirrors GPUModelRunner.get_kv_cache_spec (0.24-0.28): the runner stamps each
     # AttentionSpec with its backend's indexes_kv_by_block_stride() under the current config
     if "indexes_kv_by_block_stride" in {f.name for f in dataclasses.fields(spec)} and \
@@ -227,6 +273,18 @@ def _attention_spec(cfg, backend, state):
             spec = dataclasses.replace(
                 spec, indexes_kv_by_block_stride=backend.indexes_kv_by_block_stride())
     return spec
+
+
+def _groups(kvcc):
+    """The planner's KV cache groups: each group's spec type, window and layers."""
+    out = []
+    for g in kvcc.kv_cache_groups:
+        sp = g.kv_cache_spec
+        out.append({"spec": type(sp).__name__, "layers": list(g.layer_names),
+                    "sliding_window": getattr(sp, "sliding_window", None),
+                    "block_size": getattr(sp, "block_size", None),
+                    "page_size_bytes": getattr(sp, "page_size_bytes", None)})
+    return out
 
 
 def _resolve_layout(cfg, backends, specs, state):
@@ -252,7 +310,9 @@ def _plan_kv_cache(cfg, specs, spec, layout_api):
     except ImportError:  # 0.33: moved to kv_cache_planning
         from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
     cfg.cache_config.num_gpu_blocks_override = model.NUM_BLOCKS
-    mem = spec.page_size_bytes * model.NUM_BLOCKS * model.NUM_LAYERS
+    # memory for NUM_BLOCKS blocks in every layer, twice (the planner's max-model-len check
+    # on a hybrid model wants more than one group's share); the override fixes the count
+    mem = 2 * sum(sp.page_size_bytes for sp in specs.values()) * model.NUM_BLOCKS
     if "global_kv_cache_groups" in inspect.signature(get_kv_cache_configs).parameters:
         # 0.33: the engine core computes the global groups first (same module)
         ggroups = importlib.import_module(get_kv_cache_configs.__module__) \
@@ -371,13 +431,14 @@ def _allocate_like_gpu_model_runner(cfg, kvcc, backend, names):
     from vllm.v1.worker import utils as wutils
 
     runner = GPUModelRunner.__new__(GPUModelRunner)
-    group_spec = kvcc.kv_cache_groups[0].kv_cache_spec
     ag_fields = {f.name for f in dataclasses.fields(wutils.AttentionGroup)}
-    ag_kwargs = dict(backend=backend, layer_names=list(names), kv_cache_spec=group_spec,
-                     kv_cache_group_id=0)
-    if "metadata_builders" in ag_fields:
-        ag_kwargs["metadata_builders"] = []
-    attn_group = wutils.AttentionGroup(**{k: v for k, v in ag_kwargs.items() if k in ag_fields})
+    attn_groups = []  # one attention group per KV cache group (one backend per family)
+    for gid, group in enumerate(kvcc.kv_cache_groups):
+        ag_kwargs = dict(backend=backend, layer_names=list(group.layer_names),
+                         kv_cache_spec=group.kv_cache_spec, kv_cache_group_id=gid)
+        if "metadata_builders" in ag_fields:
+            ag_kwargs["metadata_builders"] = []
+        attn_groups.append([wutils.AttentionGroup(**{k: v for k, v in ag_kwargs.items() if k in ag_fields})])
 
     class _LayerStub:  # stand-in for the Attention modules bind_kv_cache attaches caches to
         def __init__(self):
@@ -390,7 +451,7 @@ def _allocate_like_gpu_model_runner(cfg, kvcc, backend, names):
     attrs = dict(
         vllm_config=cfg, model_config=cfg.model_config, cache_config=cfg.cache_config,
         parallel_config=cfg.parallel_config, scheduler_config=cfg.scheduler_config,
-        kv_cache_config=kvcc, device=torch.device("cpu"), attn_groups=[[attn_group]],
+        kv_cache_config=kvcc, device=torch.device("cpu"), attn_groups=attn_groups,
         runner_only_attn_layers=set(), shared_kv_cache_layers={}, kv_caches=[],
         compilation_config=types.SimpleNamespace(static_forward_context=fwd),
         cross_layers_kv_cache=None, cross_layers_attn_backend=None,
@@ -421,10 +482,42 @@ def worker_state(state):
     sbd = getattr(w, "src_blocks_data", None)
     if isinstance(sbd, list):
         out["len_src_blocks_data"] = len(sbd)
+    out["registered"] = registered_per_block(w, sbd)
     topo = getattr(w, "transfer_topo", None) or getattr(w, "kv_topo", None)
     if topo is not None:
         out["topology"] = _topology(topo)
     return out
+
+
+def registered_per_block(w, sbd):
+    """Per-block figures the way vLLM REGISTERED them (not from a dense K/V formula): the
+    local descriptors of the registration, their bytes, per block id (one block id of one KV
+    cache group: with several groups every group's ids index the same regions).
+    src_blocks_data is one (addr, len, device) per descriptor (a list up to 0.28, an Nx3 array
+    0.29-0.32) or, 0.33, an Nx5 array of strided descriptors (addr, len, device, stride, count)."""
+    reg = {"num_regions": getattr(w, "num_regions", None), "num_blocks": getattr(w, "num_blocks", None)}
+    for a in ("region_num_blocks", "region_group_ids", "block_len_per_layer", "block_stride_per_layer"):
+        v = getattr(w, a, None)
+        if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v):
+            reg[a] = list(v)
+    descs = nbytes = None
+    try:
+        if isinstance(sbd, list) and sbd:
+            descs, nbytes = len(sbd), sum(int(d[1]) for d in sbd)
+        elif sbd is not None and getattr(sbd, "ndim", 0) == 2 and sbd.shape[1] == 5:
+            descs = int(sbd[:, 4].sum())
+            nbytes = int((sbd[:, 1] * sbd[:, 4]).sum())
+        elif sbd is not None and getattr(sbd, "ndim", 0) == 2 and len(sbd):  # 0.29-0.32: (addr, len, device) rows
+            descs, nbytes = len(sbd), int(sbd[:, 1].sum())
+    except Exception as e:
+        reg["error"] = repr(e)
+    nb = reg["num_blocks"]
+    if descs and nb:
+        reg["descs"] = descs
+        reg["descs_per_block_id"] = descs / nb if descs % nb else descs // nb
+        reg["bytes_per_block_id"] = nbytes / nb if nbytes % nb else nbytes // nb
+        reg["bytes_per_descriptor"] = sorted({int(d[1]) for d in sbd})
+    return reg
 
 
 def _topology(topo):

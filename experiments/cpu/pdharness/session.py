@@ -6,8 +6,8 @@ import tempfile
 import time
 
 from . import model
-from .cases import CASES, REFUSED_PEER, expected_pairs, selected
-from .checks import join_reference, verify
+from .cases import CASES, REFUSED_PEER, expected_pairs, group_case, selected
+from .checks import group_breakdown, join_reference, verify
 from .netns import NetnsPair, link_flap
 from .procs import Ranks, expect, parse_env, side_env
 
@@ -134,6 +134,9 @@ class PairRun:
                                                           "cross_layer_shape", "xlkv_log")}
                                 | {"worker": info["worker"]} for info in infos]
         w = d_info["worker"]
+        result.update(family=d_info.get("family"), kv_cache_groups=d_info.get("kv_cache_groups"),
+                      hybrid_allocator=d_info.get("hybrid_allocator"),
+                      registered=w.get("registered"))
         result.update(vllm=d_info["vllm"], platform=d_info["platform"],
                       backend=d_info["backend"], kv_layout=d_info.get("kv_layout"),
                       cross_layer=d_info["cross_layer"], num_regions=w.get("num_regions"))
@@ -177,6 +180,10 @@ class PairRun:
     # ------------------------------------------------------------------------------ cases
     def _run_cases(self, cases):
         all_ok = True
+        groups = self.p_info.get("kv_cache_groups") or []
+        CASES["groups"] = group_case(groups or [{}])
+        if len(groups) > 1 and not self.args.case:
+            cases = ["groups"]  # several KV cache groups: block ids per group
         for cname in cases:
             for suffix, remote, local, ntok in CASES[cname]:
                 c = {"num_tokens": ntok}
@@ -218,8 +225,12 @@ class PairRun:
             for lb, rb in expected_pairs(remote, local):
                 self.expected_owner[lb] = rb
         p_counts = self._wait_sent(c, req, ok_recv)
-        self._count_descriptors(c, r, p_counts, len(local))
-        bad = self._verify_ranks(c, rs, layers, len(local))
+        nblk = sum(map(len, local)) if local and isinstance(local[0], list) else len(local)
+        c["block_ids"] = nblk  # block ids transferred, every KV cache group's together
+        self._count_descriptors(c, r, p_counts, nblk)
+        bad = self._verify_ranks(c, rs, layers, nblk)
+        if local and isinstance(local[0], list):
+            c["groups"] = group_breakdown(self.p_info["kv_cache_groups"], local, remote, bad)
         c["bytes_ok"] = not bad
         c["mismatches"] = bad[:10]
         c["num_mismatches"] = len(bad)

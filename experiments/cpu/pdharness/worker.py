@@ -10,7 +10,7 @@ import time
 import traceback
 
 from . import model
-from .checks import fill_reference, layer_bytes, plant_corruption
+from .checks import fill_reference, layer_bytes, plant_corruption, plant_group_shift
 from .compat import block_ids_arg, kw, new_md
 from .connector_io import serve_handshake, tick, worker_handshake_metadata, wrap_xfer_counter
 from .logs import LogCapture
@@ -18,12 +18,14 @@ from .rank_setup import setup, worker_state
 
 INFO_KEYS = ("vllm", "platform", "backend", "kv_layout", "cross_layer", "prefer_cross_layer_blocks",
              "connector_class", "layout_block_outermost", "layer_view_shape", "num_blocks", "block_size",
-             "connector_kind", "use_v2_model_runner", "kernel_ratio", "tensor_blocks")
+             "connector_kind", "use_v2_model_runner", "kernel_ratio", "tensor_blocks", "kv_cache_groups",
+             "family", "hybrid_allocator")
 
 
 def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
     os.environ.update(env)
     args = argparse.Namespace(**args_dict)
+    model.set_family(getattr(args, "family", None) or "dense")
     model.set_kv_heads(getattr(args, "kv_heads", None) or model.NUM_KV_HEADS)
     t0 = time.time()
     logs = None
@@ -178,9 +180,13 @@ def _receive(st, args, request, calls, telemetry, logs):
     res["xfer_calls"] = calls[n_calls0:]
     res["nixl_desc_counts"] = telemetry[n_tel0:]
     res["errors"] = logs.errors()[err0:][-10:]
+    flat = [b for g in local_ids for b in g] if local_ids and isinstance(local_ids[0], (list, tuple)) \
+        else local_ids
     if getattr(args, "plant_fault", None) == "corrupt" and \
-            st["tp_rank"] == st["tp"] - 1 and local_ids:
-        plant_corruption(st, local_ids)
+            st["tp_rank"] == st["tp"] - 1 and flat:
+        plant_corruption(st, flat)
+    if getattr(args, "plant_fault", None) == "shift-group" and flat:
+        plant_group_shift(st, local_ids)
     res["layers"] = layer_bytes(st["kv_caches"], st["names"])
     return res
 
