@@ -11,8 +11,8 @@ Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group c
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
 sides), 1 descriptor per block for MLA and 1 per block id for sliding-window hybrids; the
 one-KV-head figures are recorded only (issue 34 changes them). One harness run per family and
-config (a single request carrying every group's block ids): 6 runs per release, 2 more on
-0.29+ (native for mla and swa) and 1 (the planted fault) on the newest release selected. experiments/cpu/families_matrix.py writes the same runs into a results file."""
+config (a single request carrying every group's block ids): on 0.29+ releases only (CI's time),
+8 runs per release (native for mla and swa) and 1 (the planted fault) on the newest selected. experiments/cpu/families_matrix.py writes the same runs into a results file."""
 
 import importlib.util
 import json
@@ -32,6 +32,10 @@ def runs(vllm_env, tmp_path_factory):
     """(family, config) -> the harness result, run on first use and kept for the module.
     XLKV_FAMILIES_RESULTS=FILE: afterwards the runs go into FILE as families_matrix.py
     writes them (experiments/results/2026-11-25-families-cpu-<release>.json)."""
+    if release_of(vllm_env) < (0, 29):
+        # CI's time: the family targets are 0.29+'s; on 0.12-0.28 the shim keeps MLA and several KV
+        # cache groups on the stock layout (families.decide, tests/unit/test_families.py)
+        pytest.skip("model families run on vLLM 0.29+ (the releases whose layouts they change)")
     cache = {}
 
     def get(family, config, *extra):
