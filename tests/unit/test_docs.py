@@ -284,3 +284,23 @@ def test_readme_states_the_supported_range_of_the_release_table():
     want_words, want_range = "stock vLLM %s–%s" % (first, last), "`%s`" % releases.supported_range()
     assert want_words in head and want_range in head, (
         "README's opening should say %r and %r (xlkv_autopatch/releases.py)" % (want_words, want_range))
+
+
+def test_the_model_family_table_is_what_its_results_files_say(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("render_families",
+                                                  os.path.join(ROOT, "tests", "compat", "render_families.py"))
+    rf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rf)
+    assert rf.main(["--check"]) == 0, "run python3 tests/compat/render_families.py"
+    # every cell comes from its file: a planted change in the GPU MLA row's results is seen
+    index = json.load(open(rf.INDEX))
+    row = next(r for r in index["rows"] if r["where"].startswith("1×H100") and r["family"] == "mla")
+    assert rf.cells(row)[0]["xlkv"] == "1" and rf.cells(row)[1] == "yes"
+    data = json.load(open(os.path.join(ROOT, row["file"])))
+    data["configs"]["shim"]["registered_regions_per_block_id"] = [2]
+    data["negative_control_pass"] = False
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps(data))
+    values, verdict = rf.cells(dict(row, file=str(planted)))
+    assert values["xlkv"] == "2" and verdict == "NO"
