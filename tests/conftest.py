@@ -31,3 +31,15 @@ def pytest_collection_modifyitems(config, items):
             if (str(item.fspath).startswith(real) if what == "real" else item.get_closest_marker(what)):
                 item.add_marker(pytest.mark.timeout(seconds))
                 break
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch, tmp_path):
+    """stand_in_vllm("0.33.0"): package metadata of a vLLM release on sys.path (no vLLM code), so
+    that the shim's version logic and ``status --no-resolve`` see that release."""
+    def lay(version):
+        d = tmp_path / version / ("vllm-%s.dist-info" % version)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: %s\n" % version)
+        monkeypatch.syspath_prepend(str(tmp_path / version))
+    return lay

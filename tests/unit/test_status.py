@@ -18,7 +18,7 @@ OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "ENA
 
 
 @pytest.fixture
-def status(monkeypatch, capsys, tmp_path):
+def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
     """status(vllm=None|"0.33.0", **env) -> (exit code, text)."""
     for name in OURS:
         monkeypatch.delenv(name, raising=False)
@@ -27,10 +27,7 @@ def status(monkeypatch, capsys, tmp_path):
         for name in OURS:
             monkeypatch.delenv(name, raising=False)
         if vllm:
-            d = tmp_path / vllm / ("vllm-%s.dist-info" % vllm)
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: %s\n" % vllm)
-            monkeypatch.syspath_prepend(str(tmp_path / vllm))
+            stand_in_vllm(vllm)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         rc = cli.main(["status", "--no-resolve"] + list(args))

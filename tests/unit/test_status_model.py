@@ -27,14 +27,11 @@ CONFIGS = {
 
 
 @pytest.fixture
-def status(monkeypatch, capsys, tmp_path):
+def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
     def run(vllm, name, *args, **env):
         for k in OURS:
             monkeypatch.delenv(k, raising=False)
-        d = tmp_path / vllm / ("vllm-%s.dist-info" % vllm)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: %s\n" % vllm)
-        monkeypatch.syspath_prepend(str(tmp_path / vllm))
+        stand_in_vllm(vllm)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         facts.reset()
