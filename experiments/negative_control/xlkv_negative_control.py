@@ -53,6 +53,16 @@ POLL_METHODS = ("get_transfer_results", "get_finished")
 REGISTER_METHOD = "register_kv_caches"
 _MARK = "_xlkv_negative_control_wrapped"
 
+
+def _install(cls, name, wrapper, orig):
+    """Put ``wrapper`` on ``cls`` as ``name`` with the original's name, doc and signature
+    (__wrapped__): the shim checks the signature of what it wraps, and the hook must not change
+    what it sees."""
+    functools.update_wrapper(wrapper, orig)
+    setattr(wrapper, _MARK, True)
+    wrapper.__qualname__ = "%s.%s" % (cls.__name__, name)
+    setattr(cls, name, wrapper)
+
 #: what was done, for tests in the same process: [(request id, description)]
 EVENTS = []
 
@@ -238,12 +248,7 @@ def _wrap(cls, meth):
                 self._xlkv_nc_busy = False
         return result
 
-    # the original's name, doc and signature (__wrapped__): the shim checks the signature of
-    # what it wraps, and the hook must not change what it sees
-    functools.update_wrapper(poll, orig)
-    setattr(poll, _MARK, True)
-    poll.__qualname__ = "%s.%s" % (cls.__name__, meth)
-    setattr(cls, meth, poll)
+    _install(cls, meth, poll, orig)
     return True
 
 
@@ -375,10 +380,7 @@ def _wrap_register(cls):
                 say_report("FAILED: %s: %s" % (type(e).__name__, e))
         return result
 
-    functools.update_wrapper(register_kv_caches, orig)
-    setattr(register_kv_caches, _MARK, True)
-    register_kv_caches.__qualname__ = "%s.%s" % (cls.__name__, REGISTER_METHOD)
-    setattr(cls, REGISTER_METHOD, register_kv_caches)
+    _install(cls, REGISTER_METHOD, register_kv_caches, orig)
     return True
 
 
