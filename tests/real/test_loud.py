@@ -195,28 +195,35 @@ MLA_LAYOUT = textwrap.dedent("""
     from vllm.config import ModelConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
     mc = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512)
-    # the engine core's call, with a real MLA ModelConfig (the method reads nothing else for MLA)
+    pp = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    cfg = types.SimpleNamespace(model_config=mc, parallel_config=types.SimpleNamespace(pipeline_parallel_size=pp,
+                                                                                       tensor_parallel_size=1))
+    # the engine core's call, with a real MLA ModelConfig
     try:
-        out = repr(NixlConnector.get_required_kvcache_layout(types.SimpleNamespace(model_config=mc)))
+        out = repr(NixlConnector.get_required_kvcache_layout(cfg))
     except Exception as e:
         out = "raised %s: %s" % (type(e).__name__, e)
     print(json.dumps({"use_mla": mc.use_mla, "layout": out, "log": [x for x in lines if "xlkv" in x]}))
 """)
 
 
-def test_mla_keeps_the_stock_layout_with_a_warning_and_strict_refuses(vllm_env, tmp_path):
-    """0.29+: an MLA model keeps the stock layout with a WARNING (was INFO "keeping KV cache layout
-    None"), and XLKV_STRICT=1 makes it an error (it raised nothing)."""
+def test_mla_is_packed_and_pipeline_parallel_mla_keeps_the_stock_layout_loudly(vllm_env, tmp_path):
+    """0.29+ (issue 32): an MLA model requests BLNHC (vLLM registers one packed latent row per
+    block), with an INFO line that names MLA; with pipeline parallel size 2 the shim keeps the stock
+    layout with a WARNING naming the cause, and XLKV_STRICT=1 makes that an error."""
     if release_of(vllm_env) < (0, 29):
         pytest.skip("0.12-0.28 decide in prefer_cross_layer_blocks (MLA WARNING there since the first session)")
     script = tmp_path / "mla.py"
     script.write_text(MLA_LAYOUT)
     out = {}
-    for name, extra in (("warn", {}), ("strict", {"XLKV_STRICT": "1"})):
-        p = run_in(vllm_env[1], [str(script)], env=dict({"ENABLE_XLKV": "true"}, **extra))
+    for name, pp, extra in (("packed", "1", {}), ("warn", "2", {}), ("strict", "2", {"XLKV_STRICT": "1"})):
+        p = run_in(vllm_env[1], [str(script), pp], env=dict({"ENABLE_XLKV": "true"}, **extra))
         assert p.returncode == 0, p.stderr[-3000:]
         out[name] = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["warn"]["use_mla"] is True and out["warn"]["layout"] == "None", out
-    assert any(x.startswith("WARNING") and "stock per-layer KV layout is kept: MLA models" in x
+    assert out["packed"]["use_mla"] is True and out["packed"]["layout"] == "'BLNHC'", out
+    assert any(x.startswith("INFO") and "requests KV cache layout BLNHC" in x and "MLA" in x
+               for x in out["packed"]["log"]), out["packed"]["log"]
+    assert out["warn"]["layout"] == "None", out
+    assert any(x.startswith("WARNING") and "pipeline parallel size 2" in x and "MLA" in x
                for x in out["warn"]["log"]), out["warn"]["log"]
     assert out["strict"]["layout"].startswith("raised XlkvError") and "XLKV_STRICT=1" in out["strict"]["layout"], out

@@ -85,7 +85,11 @@ def test_bytes_exact_across_the_veth_with_the_one_host_descriptor_counts(vllm_en
         # the blocks came over the pair: D's veth end received at least the bytes moved
         moved = len(case["local_block_ids"]) * r["block_len"] * r["num_regions"]
         assert case["veth"]["d"]["rx_bytes"] >= moved, (name, case["veth"], moved)
-        assert case["veth"]["p"]["tx_bytes"] == case["veth"]["d"]["rx_bytes"], case["veth"]
+        # and nothing else carried them: P's end sent what D's end received.  The two ends' counters
+        # are read one after the other, so a control packet (a 66-byte TCP ACK was seen in CI) can
+        # land between the reads: a few packets' slack, far below one block
+        gap = abs(case["veth"]["p"]["tx_bytes"] - case["veth"]["d"]["rx_bytes"])
+        assert gap <= 4 * 1514 < r["block_len"], (case["veth"], r["block_len"])
     if row is not None:  # the same counts as the compatibility matrix took with P and D on one host
         assert r["descs_per_block"] == row["descriptors_per_block_" + mode], (r["descs_per_block"], row)
         merged = (row.get("merged_descriptors") or {}).get("reversed")

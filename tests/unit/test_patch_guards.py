@@ -457,6 +457,8 @@ def test_over_allocation_is_seen_in_the_storage_under_budget_sized_views():
     assert block_count.storage_over_allocation(views(over)) == (50, 40)
     assert block_count.storage_over_allocation({"t": over.view(50, layers * page)}) is None  # a view of it all
     assert block_count.storage_over_allocation({"not a tensor": [1, 2]}) is None
+    short = dict(views(exact), **{"layer.0": views(exact)["layer.0"][:-1]})  # one view short: not over-allocated
+    assert block_count.storage_over_allocation(short) is None
     text = block_count.over_allocated_message(50, 40, facts.facts_for("0.33.0"))
     assert "over-allocated, they hold 50 blocks and the scheduler budget (kv_cache_config.num_blocks) is 40" in text
     assert "vLLM 0.33" in text and "Fix: allocate exactly kv_cache_config.num_blocks blocks" in text

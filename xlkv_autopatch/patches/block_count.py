@@ -88,7 +88,11 @@ def over_allocated_message(held, budget, f):
 def storage_over_allocation(kv_caches):
     """(blocks the storage holds, blocks the view holds) of the first view whose storage holds whole
     blocks (of the view's block stride) beyond the view, or None.  0.29+ reshape the tensors to the
-    budget's block count, so an over-allocation shows only in the storage underneath."""
+    budget's block count, so an over-allocation shows only in the storage underneath.  Views that
+    disagree on their block count are not an over-allocation (one of them is short): None."""
+    views = {int(getattr(v, "shape", (None,))[0] or 0) for v in kv_caches.values() if getattr(v, "shape", None)}
+    if len(views) > 1:
+        return None
     for value in kv_caches.values():
         try:
             stride = value.stride(0) * value.element_size()
