@@ -7,6 +7,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+# Every vLLM process the tests start inherits this: vLLM 0.29+ import humming-kernels, whose import
+# starts two background builds of its CUDA launcher (each a python importing torch; they fail
+# without CUDA), two extra torch imports per vLLM process on CI's 2 cores.  Its own switch.
+os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+
 
 @pytest.fixture(autouse=True)
 def _no_flag_from_the_shell(monkeypatch):

@@ -17,5 +17,9 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
+    # vLLM 0.29+ import humming-kernels, whose import starts two background builds of its CUDA
+    # launcher (a python that imports torch each; they fail on a machine without CUDA): on a
+    # small CPU machine that is two extra torch imports per vLLM process.  Its own switch.
+    os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
     from pdharness.cli import main
     sys.exit(main())

@@ -18,7 +18,10 @@ def stock(vllm_env, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def xlkv(vllm_env, tmp_path_factory):
-    return harness(vllm_env[1], tmp_path_factory.mktemp("xlkv"), "xlkv", env={"ENABLE_XLKV": "true"})
+    # D's first request goes to a second prefill without the flag, which D must refuse (flag on
+    # decode only); then the cases run against the flagged prefill on the same D
+    return harness(vllm_env[1], tmp_path_factory.mktemp("xlkv"), "xlkv", "--refused-peer-env", "ENABLE_XLKV=false",
+                   env={"ENABLE_XLKV": "true"})
 
 
 def test_stock_transfer_is_per_layer_and_correct(vllm_env, stock):
@@ -45,11 +48,16 @@ def test_xlkv_transfer_is_cross_layer_and_byte_identical(vllm_env, stock, xlkv):
         assert "list their descriptor pairs in ascending local order" in said, (side, said[-2000:])
 
 
-def test_flag_on_decode_only_is_refused_with_the_cause(vllm_env, tmp_path):
-    r = harness(vllm_env[1], tmp_path, "d_only", "--case", "noncontig", "--d-env", "ENABLE_XLKV=1")
-    assert r["transfer_verified"] is False
-    text = json.dumps(r["errors"]) + r["_log"]
+def test_flag_on_decode_only_is_refused_with_the_cause_and_decode_serves_on(vllm_env, xlkv):
+    # the xlkv run's first request: a prefill without the flag, refused by D's shim with the cause
+    refused = xlkv["refused_peer"]
+    assert "d_died" not in refused, refused.get("d_died")
+    text = json.dumps(refused["errors"])
     assert "NIXL handshake refused" in text and "ENABLE_XLKV unset there" in text, text[-3000:]
+    # the request failed (its blocks invalid, nothing handed to NIXL) and D served the next one
+    assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], refused
+    assert not refused["xfer_calls"], refused
+    assert xlkv["errors"] == [] and xlkv["transfer_verified"] is True, xlkv["errors"]
 
 
 def test_flag_on_prefill_only_never_transfers(vllm_env, tmp_path):
@@ -119,6 +127,11 @@ def test_host_buffer_mode_keeps_the_stock_layout_with_a_warning(vllm_env, tmp_pa
     shim_log = _shim_log(r)
     assert "the stock per-layer KV layout is kept: host-buffer mode" in shim_log, shim_log[-3000:]
     assert r["cross_layer"] is False
+
+
+def test_host_buffer_mode_with_strict_is_an_error(vllm_env, tmp_path):
+    # XLKV_STRICT turns every stock fallback into the same error (shim code, the same on every release)
+    once_per_session(vllm_env, "XLKV_STRICT's error is the fallback's own code on every release")
     strict = harness(vllm_env[1], tmp_path, "host_buffer_strict", "--case", "noncontig", "--kv-buffer-device",
                      "cpu", env={"ENABLE_XLKV": "true", "XLKV_STRICT": "1"})
     assert strict["transfer_verified"] is False
