@@ -120,22 +120,22 @@ def xlkv_2to2(vllm_env, tmp_path_factory):
 
 
 def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
+    """One region and one descriptor per block on every rank: 0.12-0.28 a cross-layer tensor per
+    rank; 0.29+ BLNHC rows, which vLLM registers one region per layer at one head per rank (a
+    layer's page is contiguous then) unless patches/page_contiguous.py hands it the pages as
+    non-contiguous views of the same bytes (issue 34: fails without that patch on 0.33)."""
     r = xlkv_2to2
     _assert_exact(r, 2, 2)
-    if release_of(vllm_env) < (0, 29):
-        # a cross-layer tensor per rank: one region, one descriptor per block
-        assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
-        assert r["descs_per_block"] == 1
-        for name, case in r["cases"].items():
-            assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
-        return
-    # 0.29+: vLLM would register a block-outermost row as one region per layer at one head per
-    # rank (no fewer descriptors, and consecutive blocks no longer merge): the stock layout, with
-    # the reason in one WARNING on every rank
-    assert r["kv_layout"] == "LBHNC" and all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"])
-    for x in r["d_ranks"] + r["p_ranks"]:
-        said = json.dumps(x["xlkv_log"])
-        assert "stock per-layer KV layout is kept: one KV head per tensor-parallel rank" in said, said[-2000:]
+    assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    assert r["descs_per_block"] == 1 and r["num_regions"] == 1, (r["descs_per_block"], r["num_regions"])
+    for name, case in r["cases"].items():
+        assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+    if release_of(vllm_env) >= (0, 29):
+        assert r["kv_layout"] == "BLNHC", r["kv_layout"]
+        for x in r["d_ranks"] + r["p_ranks"]:
+            said = json.dumps(x["xlkv_log"])
+            assert "one KV head per tensor-parallel rank: each block's row (4 layers" in said, said[-2000:]
+            assert "each block row registered as one region: page_contiguous.py" in said, said[-2000:]  # its hash
 
 
 def test_xlkv_tp2_to_tp2_never_moves_more_descriptors_than_stock(vllm_env, xlkv_2to2, tmp_path):
@@ -167,6 +167,24 @@ def test_xlkv_tp2_to_tp2_with_two_kv_heads_per_rank_is_cross_layer(vllm_env, tmp
     assert r["descs_per_block"] == 1
     for name, case in r["cases"].items():
         assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+
+
+def test_xlkv_one_kv_head_tp1_to_tp2_is_refused_and_decode_serves_on(vllm_env, tmp_path):
+    """MQA (one KV head on every rank of either side): from 0.29 both sides register rows as one
+    region each (patches/page_contiguous.py) and publish the same hash, so the refusal comes from
+    the TP check before vLLM's own arithmetic (one run, on the newest release: CI's time)."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("0.29+ (page_contiguous.py); on 0.12-0.28 the cross-layer rules above apply")
+    once_per_session(vllm_env, "the TP check is release-independent from 0.29 on")
+    r = harness(vllm_env[1], tmp_path, "xlkv_mqa_1to2", "--family", "mqa", "--d-tp", "2", env=XLKV, step_timeout=60)
+    assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    assert r["transfer_verified"] is False
+    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
+    assert "xlkv_autopatch: NIXL handshake refused: prefill TP 1, decode TP 2" in text, text[-3000:]
+    assert "heterogeneous TP" in text, text[-3000:]
+    assert len(r["cases"]) == 7  # decode serves on: every case after the refusal got its answer
+    for case in r["cases"].values():
+        assert not case["ok"] and not case.get("xfer_descs"), case
 
 
 def test_the_per_rank_comparison_catches_a_rank_holding_other_heads(vllm_env, tmp_path):
