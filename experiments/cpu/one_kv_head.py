@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """One KV head per tensor-parallel rank on the CPU P/D harness (issue 34 item 1): the harness's
-mqa model (4 layers, one KV head) at TP 2 -> 2 stock, native (VLLM_KV_CACHE_LAYOUT=BLNHC on both
-sides) and xlkv (ENABLE_XLKV=true on both), every block-order case with bytes compared on every
-decode rank; then the pairs xlkv must refuse with the cause while decode serves on: TP 1 -> 2,
-TP 2 -> 1, and TP 2 -> 2 with ENABLE_XLKV on decode only and vLLM's own BLNHC on prefill (a side
-that registers the same layout as one region per layer on 0.33).
+dense model (4 layers, 2 KV heads) at TP 2 -> 2, one KV head per rank, stock, native
+(VLLM_KV_CACHE_LAYOUT=BLNHC on both sides) and xlkv (ENABLE_XLKV=true on both), every block-order
+case with bytes compared on every decode rank; the pairs xlkv must refuse with the cause while
+decode serves on: TP 1 -> 2 and TP 2 -> 1 (two KV heads per rank on one side, one on the other),
+and TP 2 -> 2 with vLLM's own BLNHC on prefill and ENABLE_XLKV on decode only; and the mqa model
+(one KV head) at TP 1 (the harness splits KV heads over TP ranks, so MQA runs at TP 1 only).
 
     python experiments/cpu/one_kv_head.py --python ENV_PYTHON \
         --out experiments/results/2026-11-25-one-kv-head-cpu-<release>.json [--run NAME ...]
 
 ENV_PYTHON: a vLLM 0.29+ environment's python with the shim installed (mkenv.sh, then
 `pip install --no-deps -e .`).  Ports: XLKV_P_PORT / XLKV_D_PORT as for the harness.  Stdlib
-only; one harness at a time; the file is rewritten after every run.
+only; one harness at a time; the file is rewritten after every run (--run: added to it).
 """
 import argparse
 import importlib.util
@@ -27,13 +28,16 @@ XLKV = {"ENABLE_XLKV": "true"}
 BLNHC = ["--env", "VLLM_KV_CACHE_LAYOUT=BLNHC"]
 #: name -> (harness arguments, environment)
 RUNS = {
-    "stock_2to2": (["--p-tp", "2", "--d-tp", "2"], {}),
-    "native_2to2": (["--p-tp", "2", "--d-tp", "2"] + BLNHC, {}),
-    "xlkv_2to2": (["--p-tp", "2", "--d-tp", "2"], XLKV),
-    "xlkv_1to2": (["--d-tp", "2"], XLKV),
-    "xlkv_2to1": (["--p-tp", "2"], XLKV),
-    "native_p_xlkv_d_2to2": (["--p-tp", "2", "--d-tp", "2", "--p-env", "VLLM_KV_CACHE_LAYOUT=BLNHC",
-                              "--d-env", "ENABLE_XLKV=true"], {}),
+    "stock_2to2": (["--family", "dense", "--p-tp", "2", "--d-tp", "2"], {}),
+    "native_2to2": (["--family", "dense", "--p-tp", "2", "--d-tp", "2"] + BLNHC, {}),
+    "xlkv_2to2": (["--family", "dense", "--p-tp", "2", "--d-tp", "2"], XLKV),
+    "xlkv_1to2": (["--family", "dense", "--d-tp", "2"], XLKV),
+    "xlkv_2to1": (["--family", "dense", "--p-tp", "2"], XLKV),
+    "native_p_xlkv_d_2to2": (["--family", "dense", "--p-tp", "2", "--d-tp", "2", "--p-env",
+                              "VLLM_KV_CACHE_LAYOUT=BLNHC", "--d-env", "ENABLE_XLKV=true"], {}),
+    "mqa_stock": (["--family", "mqa"], {}),
+    "mqa_native": (["--family", "mqa"] + BLNHC, {}),
+    "mqa_xlkv": (["--family", "mqa"], XLKV),
 }
 
 
@@ -82,7 +86,7 @@ def main(argv=None):
         base = {k: v for k, v in os.environ.items() if k not in ("ENABLE_XLKV", "PYTHONPATH")}
         base.update(env)
         cmd = [args.python, HARNESS, "--out", out, "--timeout", str(args.timeout), "--setup-timeout",
-               str(args.setup_timeout), "--family", "mqa"] + extra
+               str(args.setup_timeout)] + extra
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, env=base, cwd="/", timeout=1800)
         if os.path.exists(out):

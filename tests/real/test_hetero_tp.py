@@ -169,24 +169,6 @@ def test_xlkv_tp2_to_tp2_with_two_kv_heads_per_rank_is_cross_layer(vllm_env, tmp
         assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
 
 
-def test_xlkv_one_kv_head_tp1_to_tp2_is_refused_and_decode_serves_on(vllm_env, tmp_path):
-    """MQA (one KV head on every rank of either side): from 0.29 both sides register rows as one
-    region each (patches/page_contiguous.py) and publish the same hash, so the refusal comes from
-    the TP check before vLLM's own arithmetic (one run, on the newest release: CI's time)."""
-    if release_of(vllm_env) < (0, 29):
-        pytest.skip("0.29+ (page_contiguous.py); on 0.12-0.28 the cross-layer rules above apply")
-    once_per_session(vllm_env, "the TP check is release-independent from 0.29 on")
-    r = harness(vllm_env[1], tmp_path, "xlkv_mqa_1to2", "--family", "mqa", "--d-tp", "2", env=XLKV, step_timeout=60)
-    assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
-    assert r["transfer_verified"] is False
-    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
-    assert "xlkv_autopatch: NIXL handshake refused: prefill TP 1, decode TP 2" in text, text[-3000:]
-    assert "heterogeneous TP" in text, text[-3000:]
-    assert len(r["cases"]) == 7  # decode serves on: every case after the refusal got its answer
-    for case in r["cases"].values():
-        assert not case["ok"] and not case.get("xfer_descs"), case
-
-
 def test_the_per_rank_comparison_catches_a_rank_holding_other_heads(vllm_env, tmp_path):
     once_per_session(vllm_env, "the harness's per-rank comparison, not the release, is under test")
     # planted fault: decode's ranks start in reverse order while the parent checks them as if

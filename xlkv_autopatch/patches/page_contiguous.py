@@ -11,8 +11,10 @@ Why
     under BLNHC (80 descriptors per block for Llama-70B, and consecutive blocks no longer merge),
     so families.py kept the stock layout for these models.  0.29.0 decides by strides instead
     (``hnc_contiguous`` :1224-1228, which also reads the size-1 head dimension's stride) and takes
-    the whole-row branch (:1229-1237) for vLLM's own views at one head already; the proof runs
-    say which each release does.
+    the whole-row branch (:1229-1237) for vLLM's own views at one head already.  Measured on the
+    CPU harness (2 KV heads at TP 2 -> 2, ``experiments/results/2026-11-25-one-kv-head-cpu-*.json``):
+    ``VLLM_KV_CACHE_LAYOUT=BLNHC`` registers 4 regions (one per layer) on 0.33.0 and 1 on 0.29.0;
+    with this patch 1 on both, bytes exact.
 How
     The connector's ``register_kv_caches`` (``nixl/connector.py``, 0.29.0 :233-235, 0.33.0
     :241-243: it calls the worker's) is wrapped; vLLM's region loop is neither copied nor
