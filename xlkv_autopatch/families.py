@@ -126,10 +126,14 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool) -> ModelDecision
         return ModelDecision(fam, True, "%s: block-outermost BLNHC, vLLM registers each block's packed latent row as "
                                         "one region: 1 descriptor per block" % title)
     if fam == ONE_KV_HEAD:
-        return ModelDecision(fam, False, "%s: keeps the stock layout (vLLM registers a block-outermost layout as one "
-                                         "NIXL region per layer when a layer's page is contiguous: as many "
-                                         "descriptors per block as the stock layout, and consecutive blocks no "
-                                         "longer merge)" % title)
+        if facts.pp_size > 1:
+            return ModelDecision(fam, False, "%s with pipeline parallel size %d: keeps the stock layout (vLLM "
+                                             "registers a block-outermost layout as one NIXL region per layer when a "
+                                             "layer's page is contiguous, and xlkv registers the row as one region "
+                                             "only without pipeline stages)" % (title, facts.pp_size))
+        return ModelDecision(fam, True, "%s: block-outermost BLNHC, xlkv has vLLM register each block's row as one "
+                                        "region (vLLM alone registers a contiguous page per layer): 1 descriptor per "
+                                        "block; prefill and decode need the same tensor-parallel size" % title)
     if fam == SLIDING_WINDOW:
         return ModelDecision(fam, True, "%s: block-outermost BLNHC, every KV cache group shares one whole-row region: "
                                         "1 descriptor per block id (sliding-window groups send their in-window "

@@ -152,10 +152,46 @@ def reconcile_block_counts(region_blocks: Dict[str, int], expected: int) -> Tupl
     return real, None
 
 
-def tag_hash(stock_hash: str) -> str:
+#: ``tag_hash``'s ``registration`` of a worker with one KV head per tensor-parallel rank whose
+#: block rows xlkv had vLLM register as one region each (patches/page_contiguous.py): a peer
+#: that registers the same layout per layer publishes another hash
+ROW_AT_ONE_KV_HEAD = "row-at-one-kv-head"
+
+
+def tag_hash(stock_hash: str, registration: Optional[str] = None) -> str:
     """The compatibility hash a worker publishes when it uses xlkv's cross-layer layout:
-    a readable prefix, then a digest of the stock hash (so other models still differ)."""
-    return HASH_PREFIX + hashlib.sha256(("%s|%s" % (stock_hash, HASH_TAG)).encode()).hexdigest()
+    a readable prefix, then a digest of the stock hash (so other models still differ) and, where
+    xlkv changed how the rows are registered, of that registration (``ROW_AT_ONE_KV_HEAD``)."""
+    text = "%s|%s" % (stock_hash, HASH_TAG) if registration is None else "%s|%s|%s" % (stock_hash, HASH_TAG,
+                                                                                      registration)
+    return HASH_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+def row_tiling(offsets: Sequence[int], page_bytes: int, row_bytes: int) -> Optional[str]:
+    """Do the layers' pages, at these byte offsets into a block's row, tile that row exactly
+    (every byte of the row in exactly one page)?  None when they do, else why not.  An offset
+    may repeat (two layers sharing one page): the distinct offsets count."""
+    if page_bytes <= 0 or row_bytes <= 0:
+        return "a page of %d bytes in a row of %d bytes" % (page_bytes, row_bytes)
+    if row_bytes % page_bytes:
+        return "a row of %d bytes is not a whole number of %d-byte pages" % (row_bytes, page_bytes)
+    distinct = sorted(set(offsets))
+    if distinct != list(range(0, row_bytes, page_bytes)):
+        return ("the layers' pages start at byte offsets %s of each %d-byte row, not at every multiple of the "
+                "%d-byte page" % (distinct[:8] + (["..."] if len(distinct) > 8 else []), row_bytes, page_bytes))
+    return None
+
+
+def column_major_page_strides(shape: Sequence[int], strides: Sequence[int]) -> Tuple[int, ...]:
+    """Strides of a view with the same shape and the same bytes as a ``[blocks, 1, tokens, content]``
+    view whose page is dense, that walks each page content-major (element ``(b, 0, n, c)`` at
+    ``b * strides[0] + n + c * tokens``): a bijection onto the same page elements, but not a
+    contiguous page (tokens > 1 and content > 1).  ValueError for any other shape."""
+    if len(shape) != 4 or len(strides) != 4 or shape[1] != 1 or shape[2] < 2 or shape[3] < 2:
+        raise ValueError("not a [blocks, 1, tokens > 1, content > 1] view: shape %s" % (tuple(shape),))
+    if strides[3] != 1 or strides[2] != shape[3]:
+        raise ValueError("the page of shape %s, strides %s is not dense" % (tuple(shape), tuple(strides)))
+    return (strides[0], shape[2] * shape[3], 1, shape[2])
 
 
 def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_ratio: int,

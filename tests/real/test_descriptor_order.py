@@ -28,8 +28,8 @@ def test_a_reorder_that_breaks_pairs_is_caught(vllm_env, tmp_path):
 
 
 def test_a_stock_layout_worker_under_the_flag_merges_its_runs_too(vllm_env, tmp_path):
-    """Workers that keep vLLM's per-layer regions under ENABLE_XLKV (sparse MLA, Mamba, one KV head
-    per rank on 0.29+, every fallback; here an explicit stock layout) get the ascending order too:
+    """Workers that keep vLLM's per-layer regions under ENABLE_XLKV (sparse MLA, Mamba, pipeline
+    parallel > 1 on 0.29+, every fallback; here an explicit stock layout) get the ascending order too:
     8 descending blocks merge to one descriptor per region instead of one per block and region."""
     once_per_session(vllm_env, "one release shows the stock-layout ordering")
     env = {"ENABLE_XLKV": "true"}

@@ -119,22 +119,22 @@ def xlkv_2to2(vllm_env, tmp_path_factory):
 
 
 def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
+    """One region and one descriptor per block on every rank: 0.12-0.28 a cross-layer tensor per
+    rank; 0.29+ BLNHC rows, which vLLM registers one region per layer at one head per rank (a
+    layer's page is contiguous then) unless patches/page_contiguous.py hands it the pages as
+    non-contiguous views of the same bytes (issue 34: fails without that patch on 0.33)."""
     r = xlkv_2to2
     _assert_exact(r, 2, 2)
-    if release_of(vllm_env) < (0, 29):
-        # a cross-layer tensor per rank: one region, one descriptor per block
-        assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
-        assert r["descs_per_block"] == 1
-        for name, case in r["cases"].items():
-            assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
-        return
-    # 0.29+: vLLM would register a block-outermost row as one region per layer at one head per
-    # rank (no fewer descriptors, and consecutive blocks no longer merge): the stock layout, with
-    # the reason in one WARNING on every rank
-    assert r["kv_layout"] == "LBHNC" and all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"])
-    for x in r["d_ranks"] + r["p_ranks"]:
-        said = json.dumps(x["xlkv_log"])
-        assert "stock per-layer KV layout is kept: one KV head per tensor-parallel rank" in said, said[-2000:]
+    assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    assert r["descs_per_block"] == 1 and r["num_regions"] == 1, (r["descs_per_block"], r["num_regions"])
+    for name, case in r["cases"].items():
+        assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+    if release_of(vllm_env) >= (0, 29):
+        assert r["kv_layout"] == "BLNHC", r["kv_layout"]
+        for x in r["d_ranks"] + r["p_ranks"]:
+            said = json.dumps(x["xlkv_log"])
+            assert "one KV head per tensor-parallel rank: each block's row (4 layers" in said, said[-2000:]
+            assert "each block row registered as one region: page_contiguous.py" in said, said[-2000:]  # its hash
 
 
 def test_xlkv_tp2_to_tp2_never_moves_more_descriptors_than_stock(vllm_env, xlkv_2to2, tmp_path):

@@ -9,8 +9,8 @@
 Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group checked). On
 0.29+ the descriptor targets of issue 32, from what D's vLLM registered and from the one
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
-sides), 1 descriptor per block for MLA and 1 per block id for sliding-window hybrids; the
-one-KV-head figures are recorded only (issue 34 changes them). One harness run per family and
+sides), 1 descriptor per block for MLA, 1 per block id for sliding-window hybrids and 1 per
+block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py). One harness run per family and
 config (a single request carrying every group's block ids): on 0.29+ releases only (CI's time),
 8 runs per release (native for mla and swa) and 1 (the planted fault) on the newest selected. experiments/cpu/families_matrix.py writes the same runs into a results file."""
 
@@ -140,6 +140,18 @@ def test_swa_flag_on_is_one_descriptor_per_block_id(vllm_env, runs):
     r = runs("swa", "xlkv")
     reg, sent = _per_block(r)
     assert reg == 1 and sent == 1, (reg, sent, r["kv_cache_groups"])
+
+
+def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
+    """One KV head (TP 1): vLLM registers BLNHC as one region per layer there, since each layer's
+    page is contiguous; page_contiguous.py has it register each block's row as one region."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("issue 34's one-KV-head target is for 0.29+")
+    r = runs("mqa", "xlkv")
+    _assert_bytes_exact(r, "mqa")
+    reg, sent = _per_block(r)
+    assert r["kv_layout"] == "BLNHC" and reg == 1 and sent == 1, (r["kv_layout"], reg, sent,
+                                                                  r["d"]["xlkv_log"][-3:])
 
 
 def test_shifted_block_of_one_group_is_caught(vllm_env, runs):

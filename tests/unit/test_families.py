@@ -45,7 +45,9 @@ def test_family_from_config(cfg, kw, family):
     (facts(GPT_OSS), True, True, "1 descriptor per block id"),
     (facts(DEEPSEEK_V32, use_mla=True, heads=1), True, False, "#55431"),
     (facts(QWEN3, mamba=True), True, False, "Mamba"),
-    (facts(QWEN3, heads=1), True, False, "one KV head"),
+    (facts(QWEN3, heads=1), True, True, "each block's row as one region"),  # page_contiguous.py
+    (facts(QWEN3, heads=1), True, True, "the same tensor-parallel size"),
+    (facts(QWEN3, heads=1, pp=2), True, False, "pipeline parallel size 2"),
     (facts(DEEPSEEK_V3, use_mla=True, heads=1, pp=2), True, False, "pipeline parallel size 2"),
     # vLLM 0.12-0.28: cross-layer blocks
     (facts(QWEN3), False, True, "cross-layer"),
@@ -84,9 +86,11 @@ def test_group_layers_and_expected_descriptors():
     m = facts(DEEPSEEK_V3, use_mla=True, heads=1)
     assert FM.expected_descriptors(m, FM.decide(m, block_outermost_layouts=True), kv_split=True) == (61, 1)
     assert FM.expected_descriptors(m, FM.decide(m, block_outermost_layouts=False), kv_split=True) == (61, 61)
-    # one KV head per rank on 0.29+: stock count either way
+    # one KV head per rank on 0.29+: one region per row (page_contiguous.py), stock with pipeline stages
     o = facts(QWEN3, heads=1)
-    assert FM.expected_descriptors(o, FM.decide(o, block_outermost_layouts=True), kv_split=False) == (28, 28)
+    assert FM.expected_descriptors(o, FM.decide(o, block_outermost_layouts=True), kv_split=False) == (28, 1)
+    o2 = facts(QWEN3, heads=1, pp=2)
+    assert FM.expected_descriptors(o2, FM.decide(o2, block_outermost_layouts=True), kv_split=False) == (28, 28)
     assert FM.expected_descriptors(FM.ModelFacts(), FM.decide(FM.ModelFacts(), block_outermost_layouts=True),
                                    kv_split=False) == (None, 1)
 

@@ -104,6 +104,45 @@ def test_tag_hash_is_deterministic_and_distinct():
     assert len(L.tag_hash(h)) == len(L.HASH_PREFIX) + 64
 
 
+def test_the_row_registration_has_its_own_tag_and_the_stock_tag_is_unchanged():
+    h = "ab" * 32
+    row = L.tag_hash(h, L.ROW_AT_ONE_KV_HEAD)
+    assert row.startswith(L.HASH_PREFIX) and row not in (L.tag_hash(h), h)
+    assert row == L.tag_hash(h, L.ROW_AT_ONE_KV_HEAD) != L.tag_hash("cd" * 32, L.ROW_AT_ONE_KV_HEAD)
+    # the plain tag is what earlier versions published (peers of another xlkv version interoperate)
+    import hashlib
+    assert L.tag_hash(h) == L.HASH_PREFIX + hashlib.sha256(("%s|%s" % (h, L.HASH_TAG)).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("offsets, page, row, why", [
+    ([0, 512, 1024, 1536], 512, 2048, None),
+    ([1536, 0, 1024, 512], 512, 2048, None),  # any order
+    ([0, 0, 512, 512], 512, 1024, None),  # two layers sharing a page
+    ([0, 512, 1024], 512, 2048, "not at every multiple"),  # a gap: padding or another cache in the row
+    ([0, 512, 1024, 1536], 512, 2560, "not at every multiple"),
+    ([0, 256, 512, 768], 512, 2048, "not at every multiple"),  # overlapping pages
+    ([0, 512], 512, 1000, "not a whole number"),
+    ([0], 0, 512, "a page of 0 bytes"),
+])
+def test_row_tiling(offsets, page, row, why):
+    got = L.row_tiling(offsets, page, row)
+    assert got is None if why is None else why in got
+
+
+def test_column_major_page_strides_walk_the_same_page_bytes_out_of_order():
+    # a [blocks, 1 head, 16 tokens, 128] view in a row of 4 such pages (BLNHC at one KV head per rank)
+    shape, strides = (40, 1, 16, 128), (4 * 16 * 128, 128, 128, 1)
+    new = L.column_major_page_strides(shape, strides)
+    assert new[0] == strides[0]  # the block stride vLLM reads is kept
+    page = sorted(n * new[2] + c * new[3] for n in range(16) for c in range(128))
+    assert page == list(range(16 * 128))  # every element of the page exactly once: the same bytes
+    assert (new[2], new[3]) != (128, 1)  # ... but not in row-major order: the page is not contiguous
+    for bad_shape, bad_strides in [((40, 2, 16, 128), strides), ((40, 1, 1, 128), strides),
+                                   ((40, 1, 16, 128), (8192, 128, 256, 1)), ((16, 128), (128, 1))]:
+        with pytest.raises(ValueError):
+            L.column_major_page_strides(bad_shape, bad_strides)
+
+
 def test_heterogeneous_tp():
     assert L.heterogeneous_tp_supported(cross_layer=True, blocks_first=False, tp_ratio=2).use
     assert L.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=1).use

@@ -207,6 +207,55 @@ def test_hash_wrapper_0_29_uses_resolved_layout(release):
     assert compat_hash.layout_hash_wrapper(fake, None, (cfg("BLNHC"), "FLASH_ATTN"), {}) == layout.tag_hash("h" * 64)
 
 
+def test_hash_wrapper_0_29_tags_the_one_kv_head_row_registration(release):
+    release("0.33.0")
+    layout_obj = types.SimpleNamespace(name="BLNHC")
+    cfg = types.SimpleNamespace(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout_obj))
+    fake = lambda vllm_config, attn_backend_name, transfer_mode="pull": "r" * 64  # noqa: E731
+    with _state.registering_rows():
+        row = compat_hash.layout_hash_wrapper(fake, None, (cfg, "FLASH_ATTN"), {})
+    assert row == layout.tag_hash("r" * 64, layout.ROW_AT_ONE_KV_HEAD) != layout.tag_hash("r" * 64)
+    assert not _state.rows_registering()  # only inside the registration
+    assert compat_hash.layout_hash_wrapper(fake, None, (cfg, "FLASH_ATTN"), {}) == layout.tag_hash("r" * 64)
+    # both tags are known, so a refusal can name what the peer runs
+    assert _state.KNOWN[row] == _state.XLKV_ROW and _state.KNOWN[layout.tag_hash("r" * 64)] == _state.XLKV
+
+
+@pytest.mark.parametrize("local_tp, remote_tp, words", [
+    (2, 2, "registered as one NIXL region"),  # same TP: an xlkv peer registering the layout per layer
+    (2, 1, "prefill TP 1, decode TP 2: heterogeneous TP"),  # TP 1 -> 2 with two KV heads
+])
+def test_a_row_registration_peer_is_refused_with_the_cause(release, local_tp, remote_tp, words):
+    release("0.33.0")
+    stock = "7" * 64
+    row = _state.remember_hashes(stock, cross_layer=True, row=True)
+    plain = layout.tag_hash(stock)
+
+    def failing(*a, **k):
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s. Prefill" % (row, plain))
+
+    w = types.SimpleNamespace(compat_hash=row, world_size=local_tp,
+                              kv_transfer_config=types.SimpleNamespace(kv_role="kv_consumer"))
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.handshake_wrapper(failing, w, ("127.0.0.1", 5600, remote_tp), {})
+    msg = str(e.value)
+    assert words in msg and "xlkv's cross-layer KV layout (ENABLE_XLKV=true)" in msg, msg
+
+
+def test_a_stock_side_names_a_row_registration_peer(release):
+    release("0.33.0")
+    stock = "8" * 64
+
+    def failing(*a, **k):
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s."
+                           % (stock, layout.tag_hash(stock, layout.ROW_AT_ONE_KV_HEAD)))
+
+    w = types.SimpleNamespace(compat_hash=stock, kv_transfer_config=types.SimpleNamespace(kv_role="kv_both"))
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.handshake_wrapper(failing, w, (), {})
+    assert "remote engine runs xlkv's cross-layer KV layout at one KV head per tensor-parallel rank" in str(e.value)
+
+
 def _fa(blocks):
     class T:
         def __init__(self, shape):
@@ -341,11 +390,15 @@ def test_layout_wrapper(monkeypatch, release):
     # sliding-window + full attention: BLNHC (one shared whole-row region for every group)
     swa = _model_cfg(hf=dict(sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2))
     assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (swa,), {}) == "BLNHC"
-    # stock, each with its WARNING: sparse-indexer MLA, Mamba hybrids, one KV head per rank
+    # one KV head per rank: BLNHC (page_contiguous.py registers each row as one region)
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(heads=1),), {}) == "BLNHC"
+    # stock, each with its WARNING: sparse-indexer MLA, Mamba hybrids, one KV head per rank with pipeline stages
     sparse = _model_cfg(use_mla=True, heads=1, hf=dict(index_topk=2048))
     assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (sparse,), {}) is None
     assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(is_hybrid=True),), {}) == "LBHNC"
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(heads=1),), {}) == "LBHNC"
+    pp2 = _model_cfg(heads=1)
+    pp2.parallel_config.pipeline_parallel_size = 2
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (pp2,), {}) == "LBHNC"
     no_model = types.SimpleNamespace(kv_transfer_config=cfg.kv_transfer_config, model_config=None)
     assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (no_model,), {}) is None
     monkeypatch.setenv("XLKV_STRICT", "1")
@@ -462,3 +515,67 @@ def test_over_allocation_is_seen_in_the_storage_under_budget_sized_views():
     text = block_count.over_allocated_message(50, 40, facts.facts_for("0.33.0"))
     assert "over-allocated, they hold 50 blocks and the scheduler budget (kv_cache_config.num_blocks) is 40" in text
     assert "vLLM 0.33" in text and "Fix: allocate exactly kv_cache_config.num_blocks blocks" in text
+
+
+def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_page(release):
+    """page_contiguous.py on vLLM-shaped views (BLNHC at one KV head per rank, as
+    create_kv_cache_views builds them); the stand-in register_kv_caches decides as vLLM 0.33's
+    loop does (a contiguous page: a region per layer, else the whole row); tests/real runs vLLM's."""
+    torch = pytest.importorskip("torch")
+    from xlkv_autopatch.patches import page_contiguous
+    release("0.33.0")
+    layers, blocks, tokens, content = 4, 40, 16, 128
+    row = layers * tokens * content
+    buf = torch.arange(blocks * row, dtype=torch.float32)  # every element distinct
+
+    def blnhc(heads=1):
+        per = row * heads
+        return {"model.layers.%d.self_attn.attn" % i: buf[:blocks * per].as_strided(
+            (blocks, heads, tokens, content), (per, content, content * heads, 1), i * tokens * content * heads)
+            for i in range(layers)}
+
+    kv = blnhc()
+    out, row_bytes = page_contiguous.row_views(kv)
+    assert row_bytes == row * 4 and list(out) == list(kv)
+    for name, v in kv.items():
+        w = out[name]
+        assert v[0].is_contiguous() and not w[0].is_contiguous()
+        assert (w.shape, w.data_ptr(), w.nbytes, w.stride(0)) == (v.shape, v.data_ptr(), v.nbytes, v.stride(0))
+        for b in (0, 7, blocks - 1):  # the same bytes, walked in another order
+            assert torch.equal(w[b].flatten().sort().values, v[b].flatten().sort().values)
+            assert not torch.equal(w[b].flatten(), v[b].flatten())
+    # views that are not pages of one row each are left to vLLM, with the reason
+    assert page_contiguous.row_views({n: v for n, v in list(kv.items())[:3]})[1].startswith("the layers' pages")
+    assert page_contiguous.row_views({"x": torch.zeros(40, 2, 16, 128)})[0] is None
+
+    seen = {}
+
+    def vllm_like(kv_caches):  # the stand-in's region rule, and what vLLM keeps
+        seen["rows"] = _state.rows_registering()
+        seen["given"] = kv_caches
+        w.device_kv_caches = kv_caches
+        bases = {v.data_ptr() if v[0].is_contiguous() else v.untyped_storage().data_ptr() for v in kv_caches.values()}
+        w.num_regions = len(bases)
+        stride = next(iter(kv_caches.values())).stride(0) * 4
+        page = tokens * content * 4
+        w.block_len_per_layer = [stride] if len(bases) == 1 else [page] * len(bases)
+        w.block_stride_per_layer = [stride] * len(bases)
+        return "registered"
+
+    w = types.SimpleNamespace(kv_cache_layout="BLNHC", use_mla=False, _has_mamba=False, use_host_buffer=False,
+                              vllm_config=_model_cfg(heads=1))
+    conn = types.SimpleNamespace(connector_worker=w)
+    assert page_contiguous.register_wrapper(vllm_like, conn, (kv,), {}) == "registered"
+    assert seen["rows"] is True and seen["given"] is not kv and w.num_regions == 1
+    assert w.device_kv_caches is kv  # vLLM's own views for everything after registration
+    assert not _state.rows_registering()
+    # not one KV head per rank (the family decides), or not a whole-row layout: vLLM's registration untouched
+    for kw in (dict(vllm_config=_model_cfg(heads=2)), dict(kv_cache_layout="LBHNC"), dict(use_host_buffer=True)):
+        other = types.SimpleNamespace(**dict(vars(w), **kw))
+        w2 = types.SimpleNamespace(**vars(other))
+        page_contiguous.register_wrapper(lambda kv_caches: seen.update(given=kv_caches, rows=_state.rows_registering()),
+                                         types.SimpleNamespace(connector_worker=w2), (kv,), {})
+        assert seen["given"] is kv and seen["rows"] is False, kw
+    # vLLM registering per layer anyway: refused, since the hash says one region per row
+    with pytest.raises(XlkvRegistrationError, match="not one region of 32768 bytes per block"):
+        page_contiguous.register_wrapper(lambda kv_caches: vllm_like(kv), conn, (kv,), {})

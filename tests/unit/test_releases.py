@@ -137,6 +137,8 @@ PINNED_GROUPS = [
     "layout-0.29 >=0.29,<0.34 on KC.v1.nixl nixl precheck=refuse_kvcached",
     "  kv_cache_layout.block_outermost classmethod KC.v1.nixl.connector:NixlConnector.get_required_kvcache_layout",
     "    kv_cache_layout.layout_wrapper params=cls,vllm_config",
+    "  page_contiguous.one_kv_head_rows method KC.v1.nixl.connector:NixlConnector.register_kv_caches",
+    "    page_contiguous.register_wrapper params=self,kv_caches",
     "  compat_hash.tag function KC.v1.nixl.base_worker:compute_nixl_compatibility_hash",
     "    compat_hash.layout_hash_wrapper params=vllm_config,attn_backend_name,transfer_mode",
     "  handshake.validate method KC.v1.nixl.base_worker:NixlBaseConnectorWorker.add_remote_agent",

@@ -20,7 +20,7 @@ from ..errors import XlkvError
 from ..flag import flag_on, truthy
 from ..specs import PatchGroup, PatchSpec
 from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
-               kv_cache_layout, kv_connector_factory, model_runner, multi_connector)
+               kv_cache_layout, kv_connector_factory, model_runner, multi_connector, page_contiguous)
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
 #: patches attached to objects at run time rather than declared as PatchSpecs:
@@ -90,7 +90,9 @@ def _connector_specs(row):
     if row.mechanism == "layout":
         return [PatchSpec(name="kv_cache_layout.block_outermost", attr="get_required_kvcache_layout",
                           kind="classmethod", wrapper=kv_cache_layout.layout_wrapper, params=LAYOUT_PARAMS,
-                          **on_connector)]
+                          **on_connector),
+                PatchSpec(name="page_contiguous.one_kv_head_rows", attr="register_kv_caches", kind="method",
+                          wrapper=page_contiguous.register_wrapper, params=("self", "kv_caches"), **on_connector)]
     if row.mechanism == "native":
         return [PatchSpec(name="cross_layer_preference.native", attr="prefer_cross_layer_blocks", kind="property",
                           wrapper=cross_layer_preference.native_wrapper, **on_connector)]

@@ -11,6 +11,9 @@ from .. import facts, layout
 
 PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the stock layout)"
 XLKV = "xlkv's cross-layer KV layout (ENABLE_XLKV=true)"
+#: 0.29+, one KV head per tensor-parallel rank: xlkv had vLLM register each block's row as one region
+XLKV_ROW = ("xlkv's cross-layer KV layout at one KV head per tensor-parallel rank, each block's row registered as "
+            "one NIXL region (ENABLE_XLKV=true, an xlkv_autopatch with patches/page_contiguous.py)")
 NATIVE = "vLLM's own cross-layer opt-in (enable_cross_layers_blocks) without xlkv"
 #: 0.29+ hash no KV layout: a peer without xlkv's tag may run vLLM's own block-outermost layout
 UNTAGGED_0_29 = ("no xlkv layout: the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the "
@@ -26,20 +29,53 @@ _stock_reasons = []
 MARK = "_xlkv_cross_layer"
 
 
-def remember_hashes(stock, cross_layer, native=None):
+def remember_hashes(stock, cross_layer, native=None, row=False):
     """Record the hashes a peer of this model could publish; return the one to publish.
 
     ``stock`` is the hash without any layout factor (or, 0.16-0.28, with
-    ``cross_layers_blocks=False``); ``native`` the 0.16-0.28 hash with the flag True.
+    ``cross_layers_blocks=False``); ``native`` the 0.16-0.28 hash with the flag True; ``row``:
+    this worker registers its rows as page_contiguous.py has vLLM do at one KV head per rank
+    (0.29+), which a peer registering per-layer regions of the same layout must not pair with.
     """
     base = native if native is not None else stock
     tagged = layout.tag_hash(base)
+    layouts = facts.current().kv_cache_layouts
     with _lock:
-        KNOWN[stock] = UNTAGGED_0_29 if facts.current().kv_cache_layouts else PER_LAYER
+        KNOWN[stock] = UNTAGGED_0_29 if layouts else PER_LAYER
         KNOWN[tagged] = XLKV
+        if layouts:
+            KNOWN[layout.tag_hash(base, layout.ROW_AT_ONE_KV_HEAD)] = XLKV_ROW
         if native is not None:
             KNOWN[native] = NATIVE
+    if cross_layer and row:
+        return layout.tag_hash(base, layout.ROW_AT_ONE_KV_HEAD)
     return tagged if cross_layer else stock
+
+
+def is_xlkv(description):
+    """A hash description that means one of xlkv's cross-layer registrations."""
+    return description in (XLKV, XLKV_ROW)
+
+
+_registering = threading.local()
+
+
+class registering_rows:
+    """``with registering_rows():`` around a worker's register_kv_caches that page_contiguous.py
+    changed: the compatibility hash computed inside it (compat_hash.py) says so."""
+
+    def __enter__(self):
+        _registering.rows = True
+        return self
+
+    def __exit__(self, *exc):
+        _registering.rows = False
+        return False
+
+
+def rows_registering():
+    """Is this thread inside a register_kv_caches whose rows page_contiguous.py registers whole?"""
+    return getattr(_registering, "rows", False)
 
 
 def describe_hash(value):

@@ -20,8 +20,9 @@ How
     from 0.29): that is what refuses a one-sided flag on 0.12, which has no hash, and where
     the hash check is off (``enforce_handshake_compat: false``), before vLLM's own
     block-length assertions.  On 0.29+ a hash mismatch between a block-outermost side and a
-    side with another TP size is refused as heterogeneous TP (a rank with one KV head keeps
-    the stock layout, kv_cache_layout.py).  ``get_finished`` (0.12-0.21) completes the
+    side with another TP size is refused as heterogeneous TP (the sides of a TP 1 -> 2 pair
+    with two KV heads publish different tags: two heads per rank on one side, one on the
+    other, whose rows page_contiguous.py registers).  ``get_finished`` (0.12-0.21) completes the
     receives whose handshake failed without vLLM's post-processing, which looked up the
     refused remote engine (KeyError: the decode worker died); 0.22+ skip failed receives
     themselves.  Release differences (hash or not, which layouts keep heads outermost,
@@ -110,12 +111,14 @@ def _connectors_here(worker):
 def _explain(local, remote, worker=None):
     """(what this engine runs, what the remote runs, the fix) or None when xlkv cannot tell."""
     ours, theirs = _state.describe_hash(local), _state.describe_hash(remote)
-    if theirs is None and remote and local and remote == layout.tag_hash(local):
+    if theirs is None and remote and local and remote in (layout.tag_hash(local),
+                                                          layout.tag_hash(local, layout.ROW_AT_ONE_KV_HEAD)):
         # the peer is this very configuration with xlkv's layout; this side kept the stock one
-        ours, theirs = LOCAL_PER_LAYER, _state.XLKV
+        ours = LOCAL_PER_LAYER
+        theirs = _state.XLKV if remote == layout.tag_hash(local) else _state.XLKV_ROW
     if theirs is None:
         if remote and remote.startswith(layout.HASH_PREFIX):
-            here = _state.XLKV if ours == _state.XLKV else LOCAL_PER_LAYER + _local_cause()
+            here = ours if _state.is_xlkv(ours) else LOCAL_PER_LAYER + _local_cause()
             return here + _connectors_here(worker), OTHER_CONFIGURATION, OTHER_FIX
         return None
     ours = ours or "a configuration xlkv does not recognise"
@@ -129,8 +132,8 @@ def _explain(local, remote, worker=None):
 
 
 def _tp_refusal(instance, remote_tp, ours, theirs):
-    """0.29+: a block-outermost layout on one side and another TP size on the other (the stock
-    layout is kept at one KV head per rank, so the sides of a TP 1 -> 2 pair differ)."""
+    """0.29+: a block-outermost layout on one side and another TP size on the other (the sides of
+    a TP 1 -> 2 pair can publish different hashes: see compat_hash.py and page_contiguous.py)."""
     local_tp = _local_tp(instance)
     if not isinstance(remote_tp, int) or remote_tp == local_tp or not facts.current().kv_cache_layouts:
         return None
@@ -155,7 +158,7 @@ def handshake_wrapper(wrapped, instance, args, kwargs):
             raise  # not a layout difference xlkv can name: keep vLLM's message
         ours, theirs, fix = explained
         tp = _tp_refusal(instance, bind(args, kwargs, "host", "port", "remote_tp_size")[2], ours, theirs)
-        if tp is not None and _state.XLKV in (ours, theirs):
+        if tp is not None and (_state.is_xlkv(ours) or _state.is_xlkv(theirs)):
             raise tp from err
         raise XlkvMismatchError(
             "xlkv_autopatch: NIXL handshake refused: this %s engine runs %s; the remote engine runs %s. %s"

@@ -12,12 +12,11 @@ How
     by the pull/push connectors and the ``NixlConnector`` alias).  The model's family decides
     first (:func:`xlkv_autopatch.families.decide`, one rule for every patch and for ``status
     --model``): dense models, sliding-window + full hybrids (every KV cache group shares one
-    whole-row region) and MLA models (NixlConnector asks for no layout for them; under a
-    block-outermost layout vLLM registers each block's packed latent row as one region) get
-    ``BLNHC``; sparse-indexer MLA (DeepSeek-V3.2 / GLM-5), Mamba hybrids, MLA with pipeline
-    parallel > 1 and one KV head per tensor-parallel rank (vLLM registers a block-outermost
-    layout as one region per layer then: as many descriptors per block as the stock layout,
-    and consecutive blocks no longer merge) keep what NixlConnector asked for, with one
+    whole-row region), MLA models (NixlConnector asks for no layout for them; under a
+    block-outermost layout vLLM registers each block's packed latent row as one region) and one
+    KV head per tensor-parallel rank (page_contiguous.py has vLLM register each row as one
+    region) get ``BLNHC``; sparse-indexer MLA (DeepSeek-V3.2 / GLM-5), Mamba hybrids, and MLA or
+    one KV head per rank with pipeline parallel > 1 keep what NixlConnector asked for, with one
     WARNING naming the family (XLKV_STRICT=1: an error).  Then host-buffer mode and a kernel
     block smaller than the KV block (vLLM's own ``select_common_block_size`` for the engine's
     attention backends; vLLM cannot register such a block-outermost layout) keep the stock
