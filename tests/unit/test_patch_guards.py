@@ -542,3 +542,30 @@ def test_packed_registration_tags_the_hash_and_refuses_heterogeneous_tp(release)
     w = dense
     P.register_wrapper(register, dense, (object(),), {})
     assert dense.compat_hash == "s" * 64 and not _state.is_cross_layer(dense)
+
+
+def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_groups(release):
+    """One cross-layer tensor only for one KV cache group; several groups: stock with the family
+    named before 0.24, the planner's packing on 0.24-0.28 (the property keeps vLLM's own answer)."""
+    def upstream_property(self):
+        return str(self.kv_transfer_config.kv_connector_extra_config.get(
+            "enable_cross_layers_blocks", "False")).lower() == "true"
+
+    def conn(groups):
+        return types.SimpleNamespace(
+            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={}, kv_role="kv_both"),
+            _vllm_config=_model_cfg(hf=SWA_HF), connector_worker=None,
+            kv_cache_config=types.SimpleNamespace(kv_cache_groups=[object()] * groups))
+
+    for rel in ("0.21.0", "0.26.0"):
+        release(rel)
+        c = conn(1)  # vLLM's hybrid KV cache manager off: one group, the dense path
+        assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is True
+    assert _state.stock_reasons() == []
+    c = conn(2)
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    assert _state.stock_reasons() == []  # packed by the planner: nothing kept stock, no WARNING
+    release("0.21.0")
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    (reason,) = _state.stock_reasons()
+    assert reason.startswith("sliding-window + full attention hybrid") and "several KV cache groups" in reason

@@ -15,8 +15,8 @@ How
     or FLASHINFER backend, HND layout, one KV group, no Mamba).  Both add the model
     families that keep the stock layout (families.decide: MLA, sliding-window hybrids
     with several KV cache groups before 0.24, whose WARNING names the family; 0.24-0.28
-    pack those groups instead, packed_kv_cache_config.py) and host-buffer mode to the
-    exclusions.  A configuration that keeps the stock layout logs
+    pack those groups instead, packed_kv_cache_config.py, and the property keeps vLLM's
+    own answer for them) and host-buffer mode to the exclusions.  A configuration that keeps the stock layout logs
     one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
     ``enable_cross_layers_blocks=false`` wins.
 vLLM versions
@@ -82,12 +82,26 @@ def _extra_guards(connector):
     return layout.Decision(True, "")
 
 
+def _packed_by_the_planner(connector):
+    """0.24-0.28: a sliding-window hybrid with several KV cache groups, which the planner packs
+    (packed_kv_cache_config.py); one cross-layer tensor is not its layout."""
+    if not facts.current().packed_groups:
+        return False
+    groups = _model.kv_cache_group_count(_kv_cache_config(connector))
+    if not isinstance(groups, int) or groups < 2:
+        return False
+    model = _model.decision(connector._vllm_config, kv_cache_groups=groups)
+    return model is not None and model.family == families.SLIDING_WINDOW and model.cross_layer
+
+
 def native_wrapper(wrapped, instance, args, kwargs):
     """0.16-0.28: the original property, evaluated with the opt-in present."""
     explicit = (instance.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN)
     if explicit is not None and str(explicit).strip().lower() != "true":
         fallback("explicit-opt-out", "kv_connector_extra_config sets %s=%s" % (OPT_IN, explicit))
         return wrapped(*args, **kwargs)
+    if _packed_by_the_planner(instance):
+        return wrapped(*args, **kwargs)  # one tensor cannot hold several groups: vLLM's own answer, no WARNING
     extra = _extra_guards(instance)
     if not extra.use:
         fallback(extra.reason, extra.reason)
