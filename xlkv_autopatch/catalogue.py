@@ -18,7 +18,7 @@ END = "<!-- end of the patch catalogue -->"
 MECH_START = "<!-- mechanisms: python -m xlkv_autopatch.catalogue --write renders it from the release table -->"
 MECH_END = "<!-- end of the mechanisms -->"
 
-#: (mechanism, runner_v1) of a run of release-table rows -> (name, what the shim changes there)
+#: (mechanism, runner_v1[, packed]) of a run of release-table rows -> (name, what the shim changes there)
 MECHANISM_TEXT = {
     ("backport", False): (
         "backport", "`NixlConnector.prefer_cross_layer_blocks` (upstream guards: FLASH_ATTN/FLASHINFER, HND, one KV "
@@ -30,6 +30,10 @@ MECHANISM_TEXT = {
     ("native", True): (
         "native opt-in + V1 runner", "as above, plus `VllmConfig.use_v2_model_runner` → V1 for NIXL engines "
         "(Model Runner V2 silently ignores cross-layer blocks)"),
+    ("native", True, True): (
+        "native opt-in + V1 runner + packed KV cache groups", "as above, plus `kv_cache_utils._use_packed_kv_cache_"
+        "config` → True for sliding-window hybrids with several KV cache groups (vLLM's packed multi-group "
+        "allocation, one region per block id; the hash tagged, heterogeneous TP refused)"),
     ("layout", False): (
         "KV-cache layout", "`NixlConnector.get_required_kvcache_layout` → `BLNHC` (block outermost: one whole-row "
         "region per block); an explicit `VLLM_KV_CACHE_LAYOUT` wins"),
@@ -90,15 +94,16 @@ def render():
 
 
 def render_mechanisms():
-    """Which mechanism applies to which releases: runs of rows with the same (mechanism, runner_v1),
+    """Which mechanism applies to which releases: runs of rows with the same (mechanism, runner_v1, packed),
     after a first line for the releases the shim refuses."""
     rows = releases.RELEASES
     major, first = releases.minor(rows[0].release)
     lines = ["| vLLM | mechanism | what the shim changes |", "|---|---|---|",
              "| %d.%d.x and older, %s+ | — | refuses to start with `ENABLE_XLKV` set (unsupported release) |"
              % (major, first - 1, releases.span(rows[-1], rows[-1]).split("<")[1])]
-    for run in releases.runs(lambda r: (r.mechanism, r.runner_v1)):
-        name, what = MECHANISM_TEXT[(run[0].mechanism, run[0].runner_v1)]
+    for run in releases.runs(lambda r: (r.mechanism, r.runner_v1, r.packed)):
+        key = (run[0].mechanism, run[0].runner_v1) + ((True,) if run[0].packed else ())
+        name, what = MECHANISM_TEXT[key]
         rels = run[0].release if len(run) == 1 else "%s–%s" % (run[0].release, run[-1].release)
         lines.append("| %s | %s | %s |" % (rels, name, what))
     return "\n".join(lines)

@@ -37,6 +37,9 @@ class ReleaseFacts:
     #: a FlashAttention-style layer's K and V are two NIXL regions in the stock layout
     #: (0.12-0.25; one region per layer from 0.26)
     kv_split_regions: bool = False
+    #: vLLM's packed multi-group KV allocation (``kv_cache_utils._use_packed_kv_cache_config``,
+    #: enable_cross_layers_blocks with several KV cache groups), registered as one NIXL region (0.24-0.28)
+    packed_groups: bool = False
 
 
 def facts_for(release):
@@ -53,6 +56,7 @@ def facts_for(release):
         cross_layer_backends=releases.BACKENDS[row.backends],
         failed_recv_looks_up_engine=row.recv_lookup,
         kv_split_regions=row.kv_split,
+        packed_groups=row.packed,
     )
 
 

@@ -64,6 +64,9 @@ class ModelFacts:
     #: layers with one group; with sliding-window + full layers vLLM groups them in equal
     #: groups of about the smaller layer-type count): for expected descriptor counts
     group_layers: Optional[int] = None
+    #: KV cache groups vLLM planned for the engine, where known (the KV cache config exists only
+    #: once the engine planned it; None for ``status --model`` and the model-runner choice)
+    kv_cache_groups: Optional[int] = None
     #: where the facts came from (engine config, config.json), for messages
     source: str = field(default="engine", compare=False)
 
@@ -92,13 +95,15 @@ class ModelDecision:
         return TITLES[self.family]
 
 
-def decide(facts: ModelFacts, *, block_outermost_layouts: bool) -> ModelDecision:
+def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: bool = False) -> ModelDecision:
     """What the shim does for this model.
 
     ``block_outermost_layouts``: the release chooses KV-cache layouts once per engine (vLLM
     0.29+, the ``layout`` mechanism); otherwise the shim lays out cross-layer blocks
-    (0.12-0.28).  Only the model's shape is decided here; the attention backend, host-buffer
-    mode, the kernel block and the user's explicit settings are checked by the patches.
+    (0.12-0.28).  ``packed_groups``: the release has vLLM's packed multi-group KV allocation
+    (0.24-0.28), which the shim turns on for sliding-window hybrids.  Only the model's shape
+    is decided here; the attention backend, host-buffer mode, the kernel block and the user's
+    explicit settings are checked by the patches.
     """
     fam = family(facts)
     title = TITLES[fam]
@@ -114,8 +119,7 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool) -> ModelDecision
             return ModelDecision(fam, False, "%s: keeps the stock layout on this vLLM (cross-layer blocks here are "
                                              "allocated for FlashAttention-style K/V layers only)" % title)
         if fam == SLIDING_WINDOW:
-            return ModelDecision(fam, True, "%s: one cross-layer KV tensor only where vLLM made one KV cache group "
-                                            "(hybrid allocator off); several groups keep the stock layout" % title)
+            return _sliding_window_before_layouts(facts, title, packed_groups)
         return ModelDecision(fam, True, "%s: one cross-layer KV tensor, 1 descriptor per block" % title)
     # vLLM >= 0.29: the block-outermost layout; what vLLM registers decides the gain
     if fam == MLA:
@@ -139,6 +143,25 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool) -> ModelDecision
                                         "1 descriptor per block id (sliding-window groups send their in-window "
                                         "blocks only)" % title)
     return ModelDecision(fam, True, "%s: block-outermost BLNHC, one whole-row region: 1 descriptor per block" % title)
+
+
+def _sliding_window_before_layouts(facts: ModelFacts, title: str, packed_groups: bool) -> ModelDecision:
+    """vLLM 0.12-0.28, sliding-window + full attention: one cross-layer KV tensor where vLLM planned
+    one KV cache group (its hybrid KV cache manager off), vLLM's packed multi-group allocation
+    where the release has it (0.24-0.28), else the stock layout."""
+    if facts.kv_cache_groups == 1:
+        return ModelDecision(SLIDING_WINDOW, True, "%s with one KV cache group (vLLM's hybrid KV cache manager is "
+                                                   "off): one cross-layer KV tensor, 1 descriptor per block" % title)
+    if packed_groups:
+        return ModelDecision(SLIDING_WINDOW, True, "%s: vLLM's packed multi-group KV allocation (what its "
+                                                   "enable_cross_layers_blocks opt-in turns on): each block id's "
+                                                   "row holds every layer of every KV cache group, one NIXL region: "
+                                                   "1 descriptor per block id" % title)
+    return ModelDecision(SLIDING_WINDOW, False, "%s: keeps the stock layout on this vLLM (several KV cache groups: "
+                                                "one cross-layer KV tensor needs one group, and vLLM's packed "
+                                                "multi-group allocation exists from 0.24 on; where vLLM plans one "
+                                                "group because its hybrid KV cache manager is off, one cross-layer "
+                                                "KV tensor)" % title)
 
 
 def sliding_and_full(layer_types: Optional[Tuple[str, ...]], sliding_window) -> bool:
@@ -170,7 +193,8 @@ def expected_descriptors(facts: ModelFacts, decision: ModelDecision, *, kv_split
 
 
 def facts_from_config(get, *, use_mla: bool, mamba: bool, kv_heads_per_rank: Optional[int] = None,
-                      pp_size: int = 1, backends=(), source: str = "engine") -> ModelFacts:
+                      pp_size: int = 1, backends=(), source: str = "engine",
+                      kv_cache_groups: Optional[int] = None) -> ModelFacts:
     """ModelFacts from a model's (text) config, read through ``get(name)`` (an attribute of
     vLLM's ``hf_text_config`` or a key of ``config.json``), plus what only the engine knows
     (MLA and Mamba as vLLM classifies the model, KV heads per rank, attention backends)."""
@@ -191,4 +215,5 @@ def facts_from_config(get, *, use_mla: bool, mamba: bool, kv_heads_per_rank: Opt
         group_layers = layers // pattern
     return ModelFacts(use_mla=use_mla, sparse_indexer=bool(use_mla and sparse), mamba=mamba,
                       sliding_window=sliding and not use_mla, kv_heads_per_rank=kv_heads_per_rank,
-                      pp_size=pp_size or 1, group_layers=group_layers, source=source)
+                      pp_size=pp_size or 1, group_layers=group_layers, kv_cache_groups=kv_cache_groups,
+                      source=source)

@@ -195,16 +195,20 @@ def column_major_page_strides(shape: Sequence[int], strides: Sequence[int]) -> T
 
 
 def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_ratio: int,
-                               whole_row_layout: bool = False) -> Decision:
+                               whole_row_layout: bool = False, packed_groups: bool = False) -> Decision:
     """Can a worker read a peer with a different TP size with this layout?
 
     FlashAttention cross-layer blocks are (heads, layers, K/V, tokens, dim) with heads
     outermost, so one TP rank's heads are one contiguous slice of the block: vLLM's
-    rank-offset arithmetic stays correct.  Blocks-first backends (K/V outermost) and the
-    >= 0.29 whole-row layouts are not sliceable that way.
+    rank-offset arithmetic stays correct.  Blocks-first backends (K/V outermost), the
+    >= 0.29 whole-row layouts and vLLM's packed multi-group layout (0.24-0.28: a block id's
+    row is every layer's page one after the other) are not sliceable that way.
     """
     if tp_ratio in (1, -1) or not cross_layer:
         return Decision(True, "homogeneous TP" if tp_ratio in (1, -1) else "stock layout")
+    if packed_groups:
+        return Decision(False, "vLLM's packed multi-group KV layout (one row per block id across every layer of "
+                               "every KV cache group) cannot be sliced by heads for heterogeneous TP")
     if whole_row_layout:
         return Decision(False, "block-outermost layouts cannot be sliced by heads for heterogeneous TP")
     if blocks_first:

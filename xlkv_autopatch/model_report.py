@@ -69,7 +69,8 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
     fam_facts = families.facts_from_config(get, use_mla=use_mla, mamba=hybrid, kv_heads_per_rank=per_rank,
                                            pp_size=pp, source=source)
     release = facts.current()
-    decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts)
+    decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
+                               packed_groups=release.packed_groups)
     stock, xlkv = families.expected_descriptors(fam_facts, decision, kv_split=release.kv_split_regions)
     out.update({
         "source": source,
@@ -77,13 +78,22 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
         "title": decision.title,
         "cross_layer": decision.cross_layer,
         "reason": decision.reason,
-        "layout": ("BLNHC" if release.kv_cache_layouts else "one cross-layer KV tensor") if decision.cross_layer
-        else "stock",
+        "layout": _layout_name(release, decision),
         "kv_heads_per_rank": per_rank,
         "attention_layers_per_block_id": fam_facts.group_layers,
         "descriptors_per_block": {"stock": stock, "xlkv": xlkv},
     })
     return out
+
+
+def _layout_name(release, decision):
+    if not decision.cross_layer:
+        return "stock"
+    if release.kv_cache_layouts:
+        return "BLNHC"
+    if decision.family == families.SLIDING_WINDOW and release.packed_groups:
+        return "packed KV cache groups"
+    return "one cross-layer KV tensor"
 
 
 def problems(info, strict):

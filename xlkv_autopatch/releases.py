@@ -81,30 +81,33 @@ MULTIS = ("backport", "warn")
 #              (a KeyError that ends the worker)
 #   kv_split   a FlashAttention-style layer's K and V are two NIXL regions in the stock layout (one
 #              region per layer from 0.26: K/V in one page)
+#   packed     vLLM's packed multi-group KV allocation exists (kv_cache_utils._use_packed_kv_cache_config,
+#              turned on by enable_cross_layers_blocks for several KV cache groups; NIXL registers it as
+#              one region through the worker's _register_packed_kv_cache): sliding-window hybrids get it
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no        yes
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no        yes
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no        yes
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
 """
 
 
@@ -126,6 +129,7 @@ class Release:
     backends: str
     recv_lookup: bool
     kv_split: bool
+    packed: bool
 
     def __post_init__(self):
         allowed = {"mechanism": MECHANISMS, "nixl": tuple(HOMES), "prefer": PREFERS + (None,),

@@ -208,6 +208,10 @@ def runtime_refusals(f):
                    "is refused (%s)%s" % (
                        "any backend" if not allowed else "/".join(refused_tp), decisions[refused_tp[0]].reason,
                        "; %s is served (%s)" % ("/".join(allowed), decisions[allowed[0]].reason) if allowed else ""))
+    if f.packed_groups:
+        packed = layout.heterogeneous_tp_supported(cross_layer=True, tp_ratio=2, blocks_first=True, packed_groups=True)
+        out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups, packed by "
+                   "xlkv): the handshake is refused (%s)" % packed.reason)
     if f.budget_block_count and f.kv_cache_layouts:
         out.append("KV tensors holding more blocks than the scheduler's budget (an over-allocating allocator such as "
                    "kvcached): registration with NIXL is refused at start-up")

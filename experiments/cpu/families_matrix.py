@@ -82,8 +82,12 @@ def main(argv=None):
     if args.collect:
         return collect(args)
     ver, rel = release(args.python)
+    chosen = "".join(" --family " + f for f in args.family or ()) + "".join(" --config " + c for c in args.config or ())
+    ports = " ".join("%s=%s" % (k, os.environ[k]) for k in ("XLKV_P_PORT", "XLKV_D_PORT", "XLKV_SETUP_TIMEOUT")
+                     if os.environ.get(k))
     res = {"vllm": ver, "date": time.strftime("%Y-%m-%d"),
-           "command": "python experiments/cpu/families_matrix.py --python ENV_PYTHON --out " + args.out,
+           "command": "%spython experiments/cpu/families_matrix.py --python ENV_PYTHON%s --out %s"
+                      % (ports + " " if ports else "", chosen, args.out),
            "runs": {}}
     work = os.path.join("/tmp", "families-%s-%d" % (ver, os.getpid()))
     os.makedirs(work, exist_ok=True)

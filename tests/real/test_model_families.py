@@ -10,9 +10,15 @@ Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group c
 0.29+ the descriptor targets of issue 32, from what D's vLLM registered and from the one
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
 sides), 1 descriptor per block for MLA, 1 per block id for sliding-window hybrids and 1 per
-block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py). One harness run per family and
-config (a single request carrying every group's block ids): on 0.29+ releases only (CI's time),
-8 runs per release (native for mla and swa) and 1 (the planted fault) on the newest selected. experiments/cpu/families_matrix.py writes the same runs into a results file."""
+block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py). One
+harness run per family and config (a single request carrying every group's block ids): on 0.29+
+releases (CI's time), 8 runs per release (native for mla and swa) and 1 (the planted fault) on the
+newest selected.
+On 0.24-0.28 (issue 33 item 1) the swa family only, stock and xlkv (2 runs): the flag packs the
+sliding-window and full-attention groups as vLLM's own opt-in (enable_cross_layers_blocks) does,
+1 descriptor per block id, the figure vLLM's opt-in registered in the results file of the release
+(NATIVE_FIGURES; measured once, not in CI), and D's compatibility hash is tagged.
+experiments/cpu/families_matrix.py writes the same runs into a results file."""
 
 import importlib.util
 import json
@@ -25,6 +31,17 @@ from conftest import ROOT, harness, once_per_session, release_of
 FAMILIES = ("mla", "swa", "mqa")
 CONFIGS = {"stock": ((), {}), "xlkv": ((), {"ENABLE_XLKV": "true"}),
            "native": (("--env", "VLLM_KV_CACHE_LAYOUT=BLNHC"), {})}
+#: 0.24-0.28: vLLM's own opt-in for several KV cache groups (its packed multi-group allocation)
+PACKED_NATIVE = (("--native-opt-in",), {})
+#: the releases whose packed multi-group allocation the shim turns on for sliding-window hybrids
+PACKED = ((0, 24), (0, 29))
+#: descriptors per block id vLLM's own opt-in registered for the swa family, by release: measured
+#: once (families_matrix.py --config native), read from the results file, not re-run in CI
+NATIVE_FIGURES = {"0.26.0": "experiments/results/2026-11-25-families-cpu-0.26.0.json"}
+
+
+def _packed_release(vllm_env):
+    return PACKED[0] <= release_of(vllm_env) < PACKED[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +49,19 @@ def runs(vllm_env, tmp_path_factory):
     """(family, config) -> the harness result, run on first use and kept for the module.
     XLKV_FAMILIES_RESULTS=FILE: afterwards the runs go into FILE as families_matrix.py
     writes them (experiments/results/2026-11-25-families-cpu-<release>.json)."""
-    if release_of(vllm_env) < (0, 29):
-        # CI's time: the family targets are 0.29+'s; on 0.12-0.28 the shim keeps MLA and several KV
+    if release_of(vllm_env) < (0, 29) and not _packed_release(vllm_env):
+        # CI's time: the family targets are 0.24+'s; on 0.12-0.23 the shim keeps MLA and several KV
         # cache groups on the stock layout (families.decide, tests/unit/test_families.py)
-        pytest.skip("model families run on vLLM 0.29+ (the releases whose layouts they change)")
+        pytest.skip("model families run on vLLM 0.24+ (the releases whose allocation or layouts they change)")
     cache = {}
 
     def get(family, config, *extra):
         key = (family, config) + extra
+        if release_of(vllm_env) < (0, 29) and (family != "swa" or config not in ("stock", "xlkv", "native")):
+            pytest.skip("on vLLM 0.24-0.28 only the sliding-window hybrid runs (issue 33 item 1: its KV cache "
+                        "groups are packed; MLA keeps the stock layout there, tests/unit/test_families.py)")
         if key not in cache:
-            args, env = CONFIGS[config]
+            args, env = PACKED_NATIVE if config == "native" and release_of(vllm_env) < (0, 29) else CONFIGS[config]
             cache[key] = harness(vllm_env[1], tmp_path_factory.mktemp("%s-%s" % (family, config)),
                                  "%s-%s" % (family, config), "--family", family, "--case", "groups",
                                  *args, *extra, env=env)
@@ -94,8 +114,8 @@ def test_family_transfer_is_byte_exact(vllm_env, runs, family, config):
 
 
 def test_swa_has_several_groups_and_pulls_only_the_window_tail(vllm_env, runs):
-    if release_of(vllm_env) < (0, 29):
-        once_per_session(vllm_env, "the per-group transfer is a 0.29+ target; earlier releases are recorded")
+    if release_of(vllm_env) < (0, 29) and not _packed_release(vllm_env):
+        once_per_session(vllm_env, "the per-group transfer is a 0.24+ target; earlier releases are recorded")
     r = runs("swa", "stock")
     groups = r["kv_cache_groups"]
     assert len(groups) >= 2, groups  # the hybrid allocator kept the sliding-window layers apart
@@ -152,6 +172,37 @@ def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
     reg, sent = _per_block(r)
     assert r["kv_layout"] == "BLNHC" and reg == 1 and sent == 1, (r["kv_layout"], reg, sent,
                                                                   r["d"]["xlkv_log"][-3:])
+
+
+def test_swa_flag_on_packs_the_groups_as_vllms_own_opt_in(vllm_env, runs):
+    """0.24-0.28 (issue 33 item 1): with ENABLE_XLKV=true the sliding-window and full-attention
+    groups share vLLM's packed multi-group allocation, registered as 1 NIXL region: as many
+    descriptors per block id as vLLM's own opt-in (enable_cross_layers_blocks) registered, 1, where
+    stock registers one per shared layer tensor; bytes exact in every group; D's compatibility hash
+    tagged, so an unflagged peer is refused at the handshake."""
+    if not _packed_release(vllm_env):
+        pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
+    stock, xlkv = runs("swa", "stock"), runs("swa", "xlkv")
+    _assert_bytes_exact(stock, "swa")
+    _assert_bytes_exact(xlkv, "swa")
+    assert len(xlkv["kv_cache_groups"]) >= 2, xlkv["kv_cache_groups"]
+    reg_s, sent_s = _per_block(stock)
+    reg_x, sent_x = _per_block(xlkv)
+    assert reg_s == len(xlkv["kv_cache_groups"][0]["layers"]) > 1, (reg_s, stock["kv_cache_groups"])
+    path = NATIVE_FIGURES.get(vllm_env[0])
+    if path is not None:  # vLLM's own opt-in, measured once on this release
+        native = json.load(open(os.path.join(ROOT, path)))["runs"]["swa"]["native"]
+        assert native["native_opt_in"] is True and native["transfer_verified"] is True, native.get("errors")
+        reg_n = native["registered"]["descs_per_block_id"]
+        sent_n = native["cases"]["groups"]["xfer_descs_per_block"]
+        assert (reg_x, sent_x) == (reg_n, sent_n), (reg_x, sent_x, reg_n, sent_n)
+    assert reg_x == 1 and sent_x == 1, (reg_x, sent_x, xlkv["d"]["xlkv_log"][-4:])
+    assert xlkv["registered"]["num_regions"] == 1, xlkv["registered"]
+    log = "\n".join(xlkv["d"]["xlkv_log"])
+    assert "packing" in log and "KV cache groups into one row per block id" in log, log[-1500:]
+    assert "tagged as xlkv-cross-layer-KV-layout" in log, log[-1500:]
+    # stock keeps one region per shared layer tensor, its hash untagged
+    assert stock["registered"]["num_regions"] == reg_s, stock["registered"]
 
 
 def test_shifted_block_of_one_group_is_caught(vllm_env, runs):

@@ -1,5 +1,7 @@
 """Model families (xlkv_autopatch.families): one decision per model, pure Python, no vLLM."""
 
+from dataclasses import replace
+
 import pytest
 
 from xlkv_autopatch import families as FM
@@ -53,7 +55,12 @@ def test_family_from_config(cfg, kw, family):
     (facts(QWEN3), False, True, "cross-layer"),
     (facts(QWEN3, heads=1), False, True, "cross-layer"),  # one cross-layer tensor: 1 region whatever the heads
     (facts(DEEPSEEK_V3, use_mla=True, heads=1), False, False, "MLA"),
-    (facts(GPT_OSS), False, True, "one KV cache group"),  # decided by the real group count at allocation
+    # sliding-window hybrids, 0.12-0.23 (no packed allocation): stock with the family named, unless vLLM
+    # planned one KV cache group (its hybrid KV cache manager off)
+    (facts(GPT_OSS), False, False, "several KV cache groups"),
+    (replace(facts(GPT_OSS), kv_cache_groups=2), False, False, "several KV cache groups"),
+    (replace(facts(GEMMA3_27B), kv_cache_groups=7), False, False, "several KV cache groups"),
+    (replace(facts(GPT_OSS), kv_cache_groups=1), False, True, "one cross-layer KV tensor"),
     (facts(DEEPSEEK_V32, use_mla=True, heads=1), False, False, "sparse indexer"),
 ])
 def test_decide(family_facts, layouts, cross, words):
@@ -63,12 +70,51 @@ def test_decide(family_facts, layouts, cross, words):
     assert d.reason.startswith(FM.TITLES[d.family])
 
 
+@pytest.mark.parametrize("cfg, groups, cross, words", [
+    # vLLM 0.24-0.28: the packed multi-group allocation (what enable_cross_layers_blocks turns on)
+    (GPT_OSS, None, True, "packed multi-group"),
+    (GPT_OSS, 2, True, "packed multi-group"),
+    (GEMMA3_27B, 7, True, "packed multi-group"),
+    (GPT_OSS, 1, True, "one cross-layer KV tensor"),  # hybrid KV cache manager off: the dense path
+])
+def test_sliding_window_hybrids_pack_their_groups_where_the_release_can(cfg, groups, cross, words):
+    d = FM.decide(replace(facts(cfg), kv_cache_groups=groups), block_outermost_layouts=False, packed_groups=True)
+    assert (d.family, d.cross_layer) == (FM.SLIDING_WINDOW, cross)
+    assert words in d.reason and d.reason.startswith(FM.TITLES[FM.SLIDING_WINDOW])
+    # the same model on a release without the packed allocation: stock with the family named (or the one tensor)
+    before = FM.decide(replace(facts(cfg), kv_cache_groups=groups), block_outermost_layouts=False)
+    assert before.cross_layer is (groups == 1)
+    assert before.reason.startswith(FM.TITLES[FM.SLIDING_WINDOW])
+
+
+def test_packed_groups_change_only_sliding_window_hybrids():
+    """The packed allocation is for several KV cache groups of attention layers: every other family
+    decides the same with or without it."""
+    for fam_facts in (facts(QWEN3), facts(QWEN3, heads=1), facts(DEEPSEEK_V3, use_mla=True, heads=1),
+                      facts(DEEPSEEK_V32, use_mla=True, heads=1), facts(QWEN3, mamba=True)):
+        for groups in (None, 1, 3):
+            f = replace(fam_facts, kv_cache_groups=groups)
+            assert FM.decide(f, block_outermost_layouts=False, packed_groups=True) == \
+                FM.decide(f, block_outermost_layouts=False)
+
+
+def test_expected_descriptors_of_packed_groups():
+    # gpt-oss-120b on 0.26: 18 per block id stock (K/V in one page), 1 packed; 0.21: stock with the shim too
+    g = facts(GPT_OSS)
+    packed = FM.decide(g, block_outermost_layouts=False, packed_groups=True)
+    assert FM.expected_descriptors(g, packed, kv_split=False) == (18, 1)
+    assert FM.expected_descriptors(g, FM.decide(g, block_outermost_layouts=False), kv_split=True) == (36, 36)
+    gemma = facts(GEMMA3_27B)
+    assert FM.expected_descriptors(gemma, FM.decide(gemma, block_outermost_layouts=False, packed_groups=True),
+                                   kv_split=False) == (10, 1)
+
+
 def test_every_family_has_a_title_and_a_decision():
     assert set(FM.TITLES) == set(FM.FAMILIES)
-    for layouts in (False, True):
+    for layouts, packed in ((False, False), (False, True), (True, False)):
         for fam_facts in (facts(QWEN3), facts(QWEN3, heads=1), facts(GPT_OSS), facts(DEEPSEEK_V3, use_mla=True),
                           facts(DEEPSEEK_V32, use_mla=True), facts(QWEN3, mamba=True)):
-            d = FM.decide(fam_facts, block_outermost_layouts=layouts)
+            d = FM.decide(fam_facts, block_outermost_layouts=layouts, packed_groups=packed)
             assert d.family in FM.FAMILIES and d.reason
 
 

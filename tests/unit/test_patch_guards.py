@@ -579,3 +579,110 @@ def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_pag
     # vLLM registering per layer anyway: refused, since the hash says one region per row
     with pytest.raises(XlkvRegistrationError, match="not one region of 32768 bytes per block"):
         page_contiguous.register_wrapper(lambda kv_caches: vllm_like(kv), conn, (kv,), {})
+
+
+# --------------------------------------------------------------- 0.24-0.28: packed KV cache groups
+
+SWA_HF = dict(sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2)
+
+
+def _planner_cfg(connector="NixlConnector", extra=None, buffer="cuda", device="cuda", **model):
+    cfg = _model_cfg(**model)
+    cfg.kv_transfer_config = types.SimpleNamespace(kv_connector=connector, kv_connector_extra_config=extra or {},
+                                                   kv_buffer_device=buffer)
+    cfg.device_config = types.SimpleNamespace(device_type=device)
+    return cfg
+
+
+def test_packed_predicate_packs_sliding_window_hybrids_only(release, monkeypatch):
+    from xlkv_autopatch.patches import packed_kv_cache_config as P
+
+    release("0.26.0")
+    no = lambda vllm_config, kv_cache_groups: False  # noqa: E731  vLLM's answer without the opt-in
+    two = ["full", "sliding"]
+    swa = _planner_cfg(hf=SWA_HF)
+    assert P.predicate_wrapper(no, None, (swa, two), {}) is True
+    assert _state.stock_reasons() == []
+    # vLLM's own yes stands (DeepSeek-V4 specs, the user's opt-in)
+    assert P.predicate_wrapper(lambda *a: True, None, (_planner_cfg(), two), {}) is True
+    # not ours to change: one group, a dense model, MLA, a Mamba hybrid, another connector
+    assert P.predicate_wrapper(no, None, (swa, ["full"]), {}) is False
+    for cfg in (_planner_cfg(), _planner_cfg(use_mla=True, heads=1), _planner_cfg(is_hybrid=True, hf=SWA_HF),
+                _planner_cfg(connector="LMCacheConnectorV1", hf=SWA_HF)):
+        assert P.predicate_wrapper(no, None, (cfg, two), {}) is False
+    assert _state.stock_reasons() == []
+    # a hybrid kept stock with the cause: an explicit opt-out, a MultiConnector, host-buffer mode
+    multi = dict(connectors=[{"kv_connector": "NixlConnector"}])
+    for cfg, words in ((_planner_cfg(extra={"enable_cross_layers_blocks": "false"}, hf=SWA_HF), "=false"),
+                       (_planner_cfg(connector="MultiConnector", extra=multi, hf=SWA_HF), "MultiConnector"),
+                       (_planner_cfg(buffer="cpu", hf=SWA_HF), "host-buffer")):
+        assert P.predicate_wrapper(no, None, (cfg, two), {}) is False
+        assert words in _state.stock_reasons()[-1] and "sliding-window" in _state.stock_reasons()[-1]
+    # the CPU platform has no host buffer (NIXL registers host memory directly)
+    assert P.predicate_wrapper(no, None, (_planner_cfg(buffer="cpu", device="cpu", hf=SWA_HF), two), {}) is True
+    monkeypatch.setenv("XLKV_STRICT", "1")
+    with pytest.raises(XlkvError, match="MultiConnector"):
+        P.predicate_wrapper(no, None, (_planner_cfg(connector="MultiConnector", extra=multi, hf=SWA_HF), two), {})
+
+
+def test_packed_registration_tags_the_hash_and_refuses_heterogeneous_tp(release):
+    from xlkv_autopatch.patches import packed_kv_cache_config as P
+
+    release("0.26.0")
+
+    def fake_hash(vllm_config, attn_backend_name, cross_layers_blocks):
+        return ("x" if cross_layers_blocks else "s") * 64
+
+    def register(storage):  # vLLM's _register_packed_kv_cache computes the hash with cross_layers_blocks=False
+        w.compat_hash = compat_hash.flag_hash_wrapper(fake_hash, None, (None, "FLASH_ATTN", False), {})
+
+    groups = types.SimpleNamespace(kv_cache_groups=[1, 2])
+    w = worker(_xlkv_cross_layer=False, vllm_config=_planner_cfg(hf=SWA_HF), kv_cache_config=groups)
+    P.register_wrapper(register, w, (object(),), {})
+    assert w.compat_hash == layout.tag_hash("x" * 64)
+    assert _state.is_cross_layer(w) and _state.is_packed_groups(w)
+    assert _state.describe_hash("s" * 64) == _state.UNTAGGED_PACKED and _state.is_untagged(_state.UNTAGGED_PACKED)
+    assert not _state.packing_now()
+    # heterogeneous TP refused with the cause (FLASH_ATTN's heads-outermost slicing does not apply)
+    w.world_size = 2
+    with pytest.raises(XlkvMismatchError, match="packed multi-group KV layout .* cannot be sliced by heads"):
+        handshake.validate_wrapper(ok, w, (meta(), 0, 1), {})
+    w.world_size = 1
+    # a stock peer (or vLLM's own opt-in without xlkv) publishes the stock hash: refused, both named
+    with pytest.raises(XlkvMismatchError) as e:
+        handshake.handshake_wrapper(lambda *a: (_ for _ in ()).throw(RuntimeError(
+            "NIXL compatibility hash mismatch. Local: %s, Remote: %s." % (w.compat_hash, "s" * 64))), w, (), {})
+    assert "runs xlkv's cross-layer KV layout" in str(e.value) and "packed multi-group" in str(e.value)
+    assert "set ENABLE_XLKV=true on BOTH" in str(e.value)
+    # a dense model's packed registration (not xlkv's decision) is vLLM's own: untouched, stock hash
+    dense = worker(_xlkv_cross_layer=False, vllm_config=_planner_cfg(), kv_cache_config=groups)
+    w = dense
+    P.register_wrapper(register, dense, (object(),), {})
+    assert dense.compat_hash == "s" * 64 and not _state.is_cross_layer(dense)
+
+
+def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_groups(release):
+    """One cross-layer tensor only for one KV cache group; several groups: stock with the family
+    named before 0.24, the planner's packing on 0.24-0.28 (the property keeps vLLM's own answer)."""
+    def upstream_property(self):
+        return str(self.kv_transfer_config.kv_connector_extra_config.get(
+            "enable_cross_layers_blocks", "False")).lower() == "true"
+
+    def conn(groups):
+        return types.SimpleNamespace(
+            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={}, kv_role="kv_both"),
+            _vllm_config=_model_cfg(hf=SWA_HF), connector_worker=None,
+            kv_cache_config=types.SimpleNamespace(kv_cache_groups=[object()] * groups))
+
+    for rel in ("0.21.0", "0.26.0"):
+        release(rel)
+        c = conn(1)  # vLLM's hybrid KV cache manager off: one group, the dense path
+        assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is True
+    assert _state.stock_reasons() == []
+    c = conn(2)
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    assert _state.stock_reasons() == []  # packed by the planner: nothing kept stock, no WARNING
+    release("0.21.0")
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    (reason,) = _state.stock_reasons()
+    assert reason.startswith("sliding-window + full attention hybrid") and "several KV cache groups" in reason

@@ -55,6 +55,8 @@ def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
     ("0.29.0", "llama-70b", ("--tp", "8"), "one-kv-head", "BLNHC", 80, 1),
     ("0.33.0", "llama-70b", ("--tp", "4"), "dense", "BLNHC", 80, 1),
     ("0.26.0", "deepseek-v3", (), "mla", "stock", 61, 61),
+    ("0.26.0", "gpt-oss", (), "sliding-window", "packed KV cache groups", 18, 1),
+    ("0.21.0", "gpt-oss", (), "sliding-window", "stock", 36, 36),
     ("0.26.0", "llama-70b", ("--tp", "8"), "one-kv-head", "one cross-layer KV tensor", 80, 1),
     ("0.21.0", "llama-70b", ("--tp", "8"), "one-kv-head", "one cross-layer KV tensor", 160, 1),
     ("0.33.0", "deepseek-v3", ("--pp", "2"), "mla", "stock", 61, 61),

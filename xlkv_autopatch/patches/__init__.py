@@ -20,7 +20,8 @@ from ..errors import XlkvError
 from ..flag import flag_on, truthy
 from ..specs import PatchGroup, PatchSpec
 from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
-               kv_cache_layout, kv_connector_factory, model_runner, multi_connector, page_contiguous)
+               kv_cache_layout, kv_connector_factory, model_runner, multi_connector, packed_kv_cache_config,
+               page_contiguous)
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
 #: patches attached to objects at run time rather than declared as PatchSpecs:
@@ -57,7 +58,8 @@ XL_REGISTER_PARAMS = ("self", "kv_cache", "attn_backend")
 
 def _worker_specs(row):
     """add_remote_agent, get_finished (where the worker has the one the shim wraps: the failure path
-    of facts.py), _nixl_handshake (releases that compare a compatibility hash), register_kv_caches."""
+    of facts.py), _nixl_handshake (releases that compare a compatibility hash), register_kv_caches,
+    _register_packed_kv_cache (releases with vLLM's packed multi-group allocation)."""
     home = row.home
     on_worker = dict(module=home.worker, owner=home.worker_class, kind="method")
     specs = [PatchSpec(name="handshake.validate", attr="add_remote_agent", wrapper=handshake.validate_wrapper,
@@ -70,6 +72,10 @@ def _worker_specs(row):
                                wrapper=handshake.handshake_wrapper, params=HANDSHAKE_PARAMS, **on_worker))
     specs.append(PatchSpec(name="block_count.register_kv_caches", attr="register_kv_caches",
                            wrapper=block_count.register_wrapper, params=("self", "kv_caches"), **on_worker))
+    if row.packed:
+        specs.append(PatchSpec(name="packed_kv_cache_config.register", attr="_register_packed_kv_cache",
+                               wrapper=packed_kv_cache_config.register_wrapper, params=("self", "..."),
+                               **on_worker))
     return specs
 
 
@@ -109,7 +115,7 @@ def _connector_specs(row):
 
 def _nixl_key(row):
     """Rows with equal keys have the same NIXL targets (one group)."""
-    return (row.mechanism, row.nixl, row.prefer, row.hash, row.hs_hash, row.finished)
+    return (row.mechanism, row.nixl, row.prefer, row.hash, row.hs_hash, row.finished, row.packed)
 
 
 def _nixl_group(rows):
@@ -125,6 +131,20 @@ def _runner_group(rows):
                       patches=(PatchSpec(name="model_runner.force_v1", module=releases.VLLM_CONFIG, owner="VllmConfig",
                                          attr="use_v2_model_runner", kind="property",
                                          wrapper=model_runner.runner_wrapper),))
+
+
+#: vLLM's KV cache planner (engine core), home of _use_packed_kv_cache_config on 0.24-0.28
+KV_CACHE_UTILS = "vllm.v1.core.kv_cache_utils"
+
+
+def _packed_group(rows):
+    """0.24-0.28: the planner's packed multi-group predicate (engine core; not NIXL connector code)."""
+    return PatchGroup(name="packed-%s" % rows[0].release, trigger=KV_CACHE_UTILS,
+                      vllm=releases.span(rows[0], rows[-1]), nixl=False,
+                      patches=(PatchSpec(name="packed_kv_cache_config.plan", module=KV_CACHE_UTILS, owner=None,
+                                         attr="_use_packed_kv_cache_config", kind="function",
+                                         wrapper=packed_kv_cache_config.predicate_wrapper,
+                                         params=("vllm_config", "kv_cache_groups")),))
 
 
 def _multi_group(rows):
@@ -153,11 +173,12 @@ def all_groups():
     """Every patch group, derived from the release table now (a changed table changes them).
 
     The order is the order the hooks are registered in: the cross-layer-block releases' NIXL
-    groups, the runner and MultiConnector groups, the KV-cache-layout releases' NIXL groups, the
+    groups, the runner, packed-groups and MultiConnector groups, the KV-cache-layout releases' NIXL groups, the
     guard."""
     nixl = releases.runs(_nixl_key)
     return ([_nixl_group(rows) for rows in nixl if rows[0].mechanism != "layout"]
             + [_runner_group(rows) for rows in releases.runs(lambda r: r.runner_v1 or None)]
+            + [_packed_group(rows) for rows in releases.runs(lambda r: r.packed or None)]
             + [_multi_group(rows) for rows in releases.runs(lambda r: r.multi)]
             + [_nixl_group(rows) for rows in nixl if rows[0].mechanism == "layout"]
             + [GUARD])

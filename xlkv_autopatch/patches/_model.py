@@ -1,7 +1,8 @@
 """The engine's model facts, gathered from vLLM objects for :func:`xlkv_autopatch.families.decide`.
 
 Every patch that treats model families differently (kv_cache_layout.py on 0.29+,
-cross_layer_preference.py and model_runner.py on 0.12-0.28) calls :func:`decision`, so the
+cross_layer_preference.py and model_runner.py on 0.12-0.28, packed_kv_cache_config.py on 0.24-0.28)
+calls :func:`decision`, so the
 rule lives in one place (families.py) and ``status --model`` predicts the same answer.
 """
 
@@ -26,8 +27,9 @@ def _kv_heads_per_rank(model, parallel):
     return heads if isinstance(heads, int) else None
 
 
-def model_facts(vllm_config, *, backends=None):
-    """ModelFacts of the engine's model, or None without a model config."""
+def model_facts(vllm_config, *, backends=None, kv_cache_groups=None):
+    """ModelFacts of the engine's model, or None without a model config.  ``kv_cache_groups``: how
+    many KV cache groups vLLM planned, where the caller knows it (connector, planner, worker)."""
     model = getattr(vllm_config, "model_config", None)
     if model is None:
         return None
@@ -41,14 +43,23 @@ def model_facts(vllm_config, *, backends=None):
         kv_heads_per_rank=_kv_heads_per_rank(model, parallel),
         pp_size=getattr(parallel, "pipeline_parallel_size", 1) or 1,
         backends=(backends if backends is not None else (_backend_names(vllm_config) if use_mla else ())),
+        kv_cache_groups=kv_cache_groups,
     )
 
 
-def decision(vllm_config):
-    """families.decide for this engine on the installed release, or None without a model config."""
-    layouts = facts.current().kv_cache_layouts
+def kv_cache_group_count(kv_cache_config):
+    """len(kv_cache_config.kv_cache_groups), or None where there is no such config."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    return len(groups) if isinstance(groups, (list, tuple)) else None
+
+
+def decision(vllm_config, *, kv_cache_groups=None):
+    """families.decide for this engine on the installed release, or None without a model config.
+    ``kv_cache_groups``: the number of KV cache groups vLLM planned, where the caller knows it."""
+    release = facts.current()
+    layouts = release.kv_cache_layouts
     # the attention backends only tell sparse MLA apart, which matters where MLA can be packed
-    found = model_facts(vllm_config, backends=None if layouts else ())
+    found = model_facts(vllm_config, backends=None if layouts else (), kv_cache_groups=kv_cache_groups)
     if found is None:
         return None
-    return families.decide(found, block_outermost_layouts=layouts)
+    return families.decide(found, block_outermost_layouts=layouts, packed_groups=release.packed_groups)

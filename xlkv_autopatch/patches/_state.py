@@ -20,13 +20,20 @@ UNTAGGED_0_29 = ("no xlkv layout: the stock per-layer KV layout (ENABLE_XLKV uns
                  "stock layout), or vLLM's own block-outermost layout (VLLM_KV_CACHE_LAYOUT=BLNHC or BHLNC) without "
                  "ENABLE_XLKV, whose bytes match but whose hash vLLM >= 0.29 cannot tell from the stock one")
 
+#: 0.24-0.28: vLLM's packed multi-group layout hashes ``cross_layers_blocks=False``, like the stock layout
+UNTAGGED_PACKED = ("no xlkv layout: the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the "
+                   "stock layout), or vLLM's own packed multi-group KV layout (enable_cross_layers_blocks) without "
+                   "ENABLE_XLKV, whose hash vLLM 0.24-0.28 cannot tell from the stock one")
+
 _lock = threading.Lock()
+_local = threading.local()
 #: hash -> what a peer publishing it runs
 KNOWN = {}
 #: why this process kept the stock layout although ENABLE_XLKV is on (fallbacks, explicit layout)
 _stock_reasons = []
 
 MARK = "_xlkv_cross_layer"
+PACKED_MARK = "_xlkv_packed_groups"
 
 
 def remember_hashes(stock, cross_layer, native=None, row=False):
@@ -41,7 +48,12 @@ def remember_hashes(stock, cross_layer, native=None, row=False):
     tagged = layout.tag_hash(base)
     layouts = facts.current().kv_cache_layouts
     with _lock:
-        KNOWN[stock] = UNTAGGED_0_29 if layouts else PER_LAYER
+        if layouts:
+            KNOWN[stock] = UNTAGGED_0_29
+        elif packing_now() or KNOWN.get(stock) == UNTAGGED_PACKED:
+            KNOWN[stock] = UNTAGGED_PACKED
+        else:
+            KNOWN[stock] = PER_LAYER
         KNOWN[tagged] = XLKV
         if layouts:
             KNOWN[layout.tag_hash(base, layout.ROW_AT_ONE_KV_HEAD)] = XLKV_ROW
@@ -83,8 +95,9 @@ def describe_hash(value):
 
 
 def is_untagged(description):
-    """A hash description that means "the stock layout, or (0.29+) anything without xlkv's tag"."""
-    return description in (PER_LAYER, UNTAGGED_0_29)
+    """A hash description that means "the stock layout, or (0.29+; 0.24-0.28 packed groups) anything
+    without xlkv's tag"."""
+    return description in (PER_LAYER, UNTAGGED_0_29, UNTAGGED_PACKED)
 
 
 def note_stock_reason(reason):
@@ -118,6 +131,34 @@ def cross_layer_preferred():
 def mark_cross_layer(worker):
     """This worker registers xlkv's cross-layer tensor (0.12-0.15 redirect)."""
     setattr(worker, MARK, True)
+
+
+def mark_packed_groups(worker):
+    """This worker registers vLLM's packed multi-group layout that xlkv turned on (0.24-0.28): one
+    region across every layer of every KV cache group, cross-layer for the handshake's checks."""
+    setattr(worker, MARK, True)
+    setattr(worker, PACKED_MARK, True)
+
+
+def is_packed_groups(worker):
+    return bool(getattr(worker, PACKED_MARK, False))
+
+
+class packing:
+    """``with packing():`` the compatibility hash computed in this thread belongs to xlkv's packed
+    multi-group registration (compat_hash.py tags it, although vLLM passes ``cross_layers_blocks=False``)."""
+
+    def __enter__(self):
+        _local.depth = getattr(_local, "depth", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        _local.depth -= 1
+        return False
+
+
+def packing_now():
+    return getattr(_local, "depth", 0) > 0
 
 
 def is_cross_layer(worker):

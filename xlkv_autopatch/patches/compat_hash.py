@@ -12,7 +12,10 @@ How
     sha256(stock_hash | "xlkv-cross-layer-v2")``: vLLM prints the remote hash in its own
     mismatch error, so even a peer without the shim (flag unset there) names the cause.
     One wrapper per hash signature (0.16-0.28 hash a ``cross_layers_blocks`` flag, 0.29+
-    the engine's KV layout), chosen in ``all_groups()``.  Every hash a peer could send for this
+    the engine's KV layout), chosen in ``all_groups()``.  On 0.24-0.28 vLLM's packed
+    multi-group registration hashes ``cross_layers_blocks=False`` (the stock hash); where xlkv
+    turned that layout on (packed_kv_cache_config.py) the hash computed during the
+    registration is tagged all the same.  Every hash a peer could send for this
     model (stock, xlkv, vLLM's own opt-in) is remembered with a description (_state.py), so
     the handshake patch (handshake.py) can say which side is misconfigured.  With the flag
     on but the stock layout kept (MLA, fallback), the stock hash is published: the
@@ -47,7 +50,10 @@ def _publish(stock, cross_layer, native=None, row=False):
 
 def flag_hash_wrapper(wrapped, instance, args, kwargs):
     """0.16-0.28: ``(vllm_config, attn_backend_name, cross_layers_blocks, ...)``."""
-    cross = bool(bind(args, kwargs, "vllm_config", "attn_backend_name", "cross_layers_blocks")[2])
+    # 0.24-0.28: vLLM's packed multi-group registration passes False; packed_kv_cache_config.py marks the
+    # registration that xlkv turned on, so it is tagged like xlkv's cross-layer tensor
+    cross = bool(bind(args, kwargs, "vllm_config", "attn_backend_name", "cross_layers_blocks")[2]) \
+        or _state.packing_now()
     variants = {}
     for flag in (False, True):
         a, k = list(args), dict(kwargs)

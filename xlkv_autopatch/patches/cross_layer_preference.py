@@ -12,8 +12,11 @@ How
     upstream's own guards: 0.16-0.28 call the original property on a read-only view of
     the connector whose extra config carries the opt-in (the user's config is never
     edited); 0.12-0.15 (no NIXL support upstream) apply the same guards here (FLASH_ATTN
-    or FLASHINFER backend, HND layout, one KV group, no Mamba).  Both add MLA and
-    host-buffer mode to the exclusions.  A configuration that keeps the stock layout logs
+    or FLASHINFER backend, HND layout, one KV group, no Mamba).  Both add the model
+    families that keep the stock layout (families.decide: MLA, sliding-window hybrids
+    with several KV cache groups before 0.24, whose WARNING names the family; 0.24-0.28
+    pack those groups instead, packed_kv_cache_config.py, and the property keeps vLLM's
+    own answer for them) and host-buffer mode to the exclusions.  A configuration that keeps the stock layout logs
     one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
     ``enable_cross_layers_blocks=false`` wins.
 vLLM versions
@@ -28,7 +31,7 @@ Removal
 import os
 import sys
 
-from .. import facts, layout
+from .. import facts, families, layout
 from ..logs import info_once
 from . import _model, _state
 from ._config import spec_names
@@ -61,10 +64,16 @@ class _OptInView:
         return getattr(self._connector, name)
 
 
+def _kv_cache_config(connector):
+    return getattr(connector, "kv_cache_config", None) or getattr(connector, "_kv_cache_config", None)
+
+
 def _extra_guards(connector):
     """Exclusions upstream's property leaves to other layers: the model's family (MLA,
-    sparse MLA, Mamba: families.decide), host buffer."""
-    model = _model.decision(connector._vllm_config)
+    sparse MLA, Mamba, sliding-window hybrids with several KV cache groups before 0.24:
+    families.decide), host buffer."""
+    model = _model.decision(connector._vllm_config,
+                            kv_cache_groups=_model.kv_cache_group_count(_kv_cache_config(connector)))
     if model is not None and not model.cross_layer:
         return layout.Decision(False, model.reason)
     worker = getattr(connector, "connector_worker", None)
@@ -73,12 +82,26 @@ def _extra_guards(connector):
     return layout.Decision(True, "")
 
 
+def _packed_by_the_planner(connector):
+    """0.24-0.28: a sliding-window hybrid with several KV cache groups, which the planner packs
+    (packed_kv_cache_config.py); one cross-layer tensor is not its layout."""
+    if not facts.current().packed_groups:
+        return False
+    groups = _model.kv_cache_group_count(_kv_cache_config(connector))
+    if not isinstance(groups, int) or groups < 2:
+        return False
+    model = _model.decision(connector._vllm_config, kv_cache_groups=groups)
+    return model is not None and model.family == families.SLIDING_WINDOW and model.cross_layer
+
+
 def native_wrapper(wrapped, instance, args, kwargs):
     """0.16-0.28: the original property, evaluated with the opt-in present."""
     explicit = (instance.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN)
     if explicit is not None and str(explicit).strip().lower() != "true":
         fallback("explicit-opt-out", "kv_connector_extra_config sets %s=%s" % (OPT_IN, explicit))
         return wrapped(*args, **kwargs)
+    if _packed_by_the_planner(instance):
+        return wrapped(*args, **kwargs)  # one tensor cannot hold several groups: vLLM's own answer, no WARNING
     extra = _extra_guards(instance)
     if not extra.use:
         fallback(extra.reason, extra.reason)
@@ -128,9 +151,9 @@ def _backport_decision(connector):
         explicit_opt_in=(connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
         env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"),
     )
-    model = _model.decision(connector._vllm_config)
-    if decision.use and model is not None and not model.cross_layer:
-        return layout.Decision(False, model.reason)
+    model = _model.decision(connector._vllm_config, kv_cache_groups=groups)
+    if model is not None and not model.cross_layer and (decision.use or model.family == families.SLIDING_WINDOW):
+        return layout.Decision(False, model.reason)  # the family named (several KV cache groups: the hybrid)
     return decision
 
 

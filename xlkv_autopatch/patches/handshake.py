@@ -5,7 +5,8 @@ Why
     that names the cause; so must configurations the cross-layer layout cannot serve
     correctly: a different block size on prefill and decode (a cross-layer row cannot be
     re-split into other token ranges) and heterogeneous TP where a block cannot be sliced
-    by heads (blocks-first backends, vLLM >= 0.29 whole-row layouts).
+    by heads (blocks-first backends, vLLM >= 0.29 whole-row layouts, 0.24-0.28's packed
+    multi-group layout that packed_kv_cache_config.py turns on).
 How
     ``_nixl_handshake`` is wrapped: vLLM's "NIXL compatibility hash mismatch" error is
     re-raised as XlkvMismatchError naming what each side runs (from the hashes
@@ -126,7 +127,7 @@ def _explain(local, remote, worker=None):
         return LOCAL_PER_LAYER + _local_cause(), theirs, LOCAL_FIX
     if theirs == _state.UNTAGGED_0_29:
         return ours, theirs + ". " + REMOTE_STOCK_CAUSES, REMOTE_UNTAGGED_FIX
-    if theirs == _state.PER_LAYER:
+    if theirs in (_state.PER_LAYER, _state.UNTAGGED_PACKED):
         return ours, theirs + ". " + REMOTE_STOCK_CAUSES, FIX
     return ours, theirs, FIX
 
@@ -267,7 +268,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
             heads_outermost = getattr(instance, "backend_name", "") == "FLASH_ATTN" and f.fa_heads_outermost
             decision = layout.heterogeneous_tp_supported(
                 cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost,
-                whole_row_layout=f.kv_cache_layouts)
+                whole_row_layout=f.kv_cache_layouts, packed_groups=_state.is_packed_groups(instance))
             if not decision.use:
                 raise XlkvMismatchError(
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "

@@ -6,9 +6,12 @@ Why
     cross_layers_kv_cache"), so the cross-layer preference is silently ignored.  Measured
     on 2xH200 with vLLM 0.26: 28 descriptors per block with V2, 1 with the V1 runner and
     the same opt-in, and 64x10240 mean TTFT 2884-2993 ms vs 1890-1989 ms.
-    (0.24-0.28 also have a packed per-block allocation both runners honour; it is not
-    used: its handshake hash cannot tell the layouts apart and it has no heterogeneous
-    TP slicing, and the V1 path is the one measured on GPUs.)
+    (0.24-0.28 also have a packed per-block allocation both runners honour; the shim uses
+    it only for sliding-window hybrids with several KV cache groups, which one cross-layer
+    tensor cannot serve: packed_kv_cache_config.py tags its hash and refuses heterogeneous
+    TP.  Dense models keep the V1 cross-layer tensor, the path measured on GPUs; a
+    sliding-window hybrid is switched to V1 as well where V2 would be chosen, so that one
+    runner serves every family.)
 How
     The property is wrapped: when ENABLE_XLKV is on, the engine's KV connector is a
     NixlConnector (directly or inside a MultiConnector), the model is not MLA, the user

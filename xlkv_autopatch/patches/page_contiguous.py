@@ -52,7 +52,10 @@ How
     TP, for every whole-row worker (a TP 1 -> 2 pair with two KV heads publishes two different
     tags and is refused at the hash as heterogeneous TP).
 vLLM versions
-    0.29+ (``NixlBaseConnector.register_kv_caches``, ``nixl.connector``).
+    0.29+ (``NixlBaseConnector.register_kv_caches``, ``nixl.connector``).  0.30.0, 0.31.0 and
+    0.32.0 (read from their wheels, not run) decide by the same ``page_contiguous`` test as
+    0.33.0 (``nixl/base_worker.py`` :1438, :1626, :1555) and take the same whole-row branch;
+    where a release registered otherwise, the check after the call refuses to start.
 Removal
     When vLLM registers a block-outermost row as one region whatever the heads per rank (its
     whole-row branch without the ``page_contiguous`` condition for a replicated-or-one-head

@@ -3,8 +3,9 @@ connector from the real factory, the KV cache from the release's own planner and
 runner, and the registration with the connector.  Runs inside a rank worker process.
 
 TEST-HARNESS PATCHING (not product code): force_platform and the --kernel-block-size
-override below, and --plant-fault uneven-regions (a self-test); nothing of vLLM's KV/NIXL logic
-is mocked."""
+override below, --plant-fault uneven-regions (a self-test), and cpu_packed_storage (vLLM
+0.24-0.28's packed registration reads the CUDA device index of the KV storage, which a host
+tensor has none of); nothing of vLLM's KV/NIXL logic is mocked."""
 import json
 import os
 
@@ -390,8 +391,41 @@ def plant_uneven_regions(state):
     worker.register_kv_caches = uneven
 
 
+class _HostStorage:
+    """A host tensor's storage as vLLM's packed registration reads a GPU one: its device index is
+    0, the device id vLLM's per-layer registration gives host tensors (``max(get_device(), 0)``)."""
+
+    def __init__(self, storage):
+        import types
+        self._storage = storage
+        self.device = types.SimpleNamespace(index=0, type=storage.device.type)
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+
+def cpu_packed_storage(state):
+    """Harness-only (0.24-0.28): vLLM's ``_register_packed_kv_cache`` asserts the KV storage has a
+    CUDA device index; on this CPU platform it gets the host storage behind an index of 0 (as the
+    per-layer path registers host tensors), through an attribute on the worker instance, outside
+    anything that patched its class. The registration code itself runs unchanged."""
+    worker = getattr(state["conn"], "connector_worker", None)
+    registered = getattr(worker, "_register_packed_kv_cache", None)
+    if registered is None:
+        return
+
+    def on_host(storage, *args, **kwargs):
+        if getattr(storage.device, "index", 0) is None:
+            state["packed_storage_on_host"] = True
+            storage = _HostStorage(storage)
+        return registered(storage, *args, **kwargs)
+
+    worker._register_packed_kv_cache = on_host
+
+
 def _allocate_and_register(cfg, kvcc, backend, names, state):
     outer = state["outer"]
+    cpu_packed_storage(state)
     if state["role"] == "d" and state.get("plant_fault") == "uneven-regions":
         plant_uneven_regions(state)
     runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
