@@ -26,7 +26,6 @@ UNTAGGED_PACKED = ("no xlkv layout: the stock per-layer KV layout (ENABLE_XLKV u
                    "ENABLE_XLKV, whose hash vLLM 0.24-0.28 cannot tell from the stock one")
 
 _lock = threading.Lock()
-_local = threading.local()
 #: hash -> what a peer publishing it runs
 KNOWN = {}
 #: why this process kept the stock layout although ENABLE_XLKV is on (fallbacks, explicit layout)
@@ -69,25 +68,40 @@ def is_xlkv(description):
     return description in (XLKV, XLKV_ROW)
 
 
-_registering = threading.local()
+class _ThreadScope:
+    """``with scope:`` marks this thread as inside a registration (nesting counts); ``bool(scope)``
+    says whether it is.  The compatibility hash vLLM computes inside the call reads it."""
 
-
-class registering_rows:
-    """``with registering_rows():`` around a worker's register_kv_caches that page_contiguous.py
-    changed: the compatibility hash computed inside it (compat_hash.py) says so."""
+    def __init__(self):
+        self._local = threading.local()
 
     def __enter__(self):
-        _registering.rows = True
+        self._local.depth = getattr(self._local, "depth", 0) + 1
         return self
 
     def __exit__(self, *exc):
-        _registering.rows = False
+        self._local.depth -= 1
         return False
+
+    def __bool__(self):
+        return getattr(self._local, "depth", 0) > 0
+
+
+#: around a worker's register_kv_caches that page_contiguous.py changed (its hash says so)
+_ROWS = _ThreadScope()
+#: around xlkv's packed multi-group registration (compat_hash.py tags its hash, although vLLM
+#: passes ``cross_layers_blocks=False``)
+_PACKING = _ThreadScope()
+
+
+def registering_rows():
+    """``with registering_rows():`` around a register_kv_caches whose rows page_contiguous.py registers whole."""
+    return _ROWS
 
 
 def rows_registering():
     """Is this thread inside a register_kv_caches whose rows page_contiguous.py registers whole?"""
-    return getattr(_registering, "rows", False)
+    return bool(_ROWS)
 
 
 def describe_hash(value):
@@ -144,21 +158,14 @@ def is_packed_groups(worker):
     return bool(getattr(worker, PACKED_MARK, False))
 
 
-class packing:
+def packing():
     """``with packing():`` the compatibility hash computed in this thread belongs to xlkv's packed
     multi-group registration (compat_hash.py tags it, although vLLM passes ``cross_layers_blocks=False``)."""
-
-    def __enter__(self):
-        _local.depth = getattr(_local, "depth", 0) + 1
-        return self
-
-    def __exit__(self, *exc):
-        _local.depth -= 1
-        return False
+    return _PACKING
 
 
 def packing_now():
-    return getattr(_local, "depth", 0) > 0
+    return bool(_PACKING)
 
 
 def is_cross_layer(worker):
