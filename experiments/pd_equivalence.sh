@@ -210,7 +210,8 @@ for cfg in "${run_configs[@]}"; do
   run_files+=("$WORK/eq-local-$cfg.json" "$WORK/eq-pd-$cfg.json")
 
   # Descriptor probe: one request of PROBE_LEN tokens (a whole number of blocks), alone.
-  KV_WAIT=20 wait_kv_lines "$D_LOG" 0 || true   # let the lines of the runs above be written
+  # let the lines of the runs above be written (at most 20 s, or KV_WAIT where that is less)
+  KV_WAIT=$(( ${KV_WAIT:-60} < 20 ? ${KV_WAIT:-60} : 20 )) wait_kv_lines "$D_LOG" 0 || true
   off=$(kv_log_offset "$D_LOG")
   pdtools prom "$PROM_D" > "$WORK/eq-prom0-$cfg.json"
   pdtools equiv-run --url "$PD" --model "$MODEL" --label "probe:$cfg" --logprobs 0 \

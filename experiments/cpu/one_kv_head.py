@@ -64,11 +64,14 @@ def summarize(r, fm):
     return keep
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, runs=None, script="experiments/cpu/one_kv_head.py", doc=__doc__):
+    """Runs the named harness runs of ``runs`` (name -> (harness arguments, environment); default
+    this file's RUNS) into one results file; other drivers (stock_layout_order.py) pass theirs."""
+    runs = runs or RUNS
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--run", action="append", choices=list(RUNS))
+    ap.add_argument("--run", action="append", choices=list(runs))
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--setup-timeout", type=float, default=400)
     args = ap.parse_args(argv)
@@ -76,12 +79,12 @@ def main(argv=None):
     ver, _ = fm.release(args.python)
     res = json.load(open(args.out)) if os.path.exists(args.out) and args.run else {"runs": {}}
     res.update(vllm=ver, date=time.strftime("%Y-%m-%d"),
-               command="python experiments/cpu/one_kv_head.py --python ENV_PYTHON --out %s%s" % (
-                   args.out, "".join(" --run " + n for n in args.run or [])))
-    work = os.path.join("/tmp", "one-kv-head-%s-%d" % (ver, os.getpid()))
+               command="python %s --python ENV_PYTHON --out %s%s" % (
+                   script, args.out, "".join(" --run " + n for n in args.run or [])))
+    work = os.path.join("/tmp", "%s-%s-%d" % (os.path.basename(script)[:-3], ver, os.getpid()))
     os.makedirs(work, exist_ok=True)
-    for name in args.run or RUNS:
-        extra, env = RUNS[name]
+    for name in args.run or runs:
+        extra, env = runs[name]
         out = os.path.join(work, name + ".json")
         base = {k: v for k, v in os.environ.items() if k not in ("ENABLE_XLKV", "PYTHONPATH")}
         base.update(env)

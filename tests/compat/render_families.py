@@ -69,10 +69,41 @@ def table():
     return "\n".join(lines)
 
 
+#: the ordering table (issue 34 item 2): block-order cases and the runs of stock_layout_order.py
+ORDER_START, ORDER_END = "<!-- ordering:start -->", "<!-- ordering:end -->"
+ORDER_CASES = (("reversed", "8 blocks descending"), ("interleaved", "6 interleaved"),
+               ("shared", "4 after a prefix hit"))
+ORDER_RUNS = ("stock", "keep_order", "ordered")
+
+
+def ordering_table():
+    """One row per release: per case, NIXL descriptors moved stock → XLKV_COALESCE=false → ordered."""
+    index = json.load(open(INDEX))
+    lines = ["| vLLM | layout kept (regions) | %s: stock → flag, `XLKV_COALESCE=false` → flag | bytes verified | results |"
+             % " / ".join(label for _, label in ORDER_CASES), "|---|---|---|---|---|"]
+    for row in index.get("ordering", []):
+        with open(os.path.join(ROOT, row["file"])) as f:
+            data = json.load(f)
+        moved = " / ".join(" → ".join(_number(resolve(data, "runs.%s.cases.%s.nixl_descs" % (run, case)))
+                                      for run in ORDER_RUNS) for case, _ in ORDER_CASES)
+        checks = [resolve(data, "runs.%s.transfer_verified" % run) for run in ORDER_RUNS]
+        verdict = "not run" if None in checks else ("yes" if all(c is True for c in checks) else "NO")
+        kept = "%s (%s)" % (resolve(data, "runs.ordered.kv_layout"), _number(resolve(data, "runs.ordered.num_regions")))
+        lines.append("| %s | %s | %s | %s | [%s](%s) |" % (
+            row["vllm"], kept, moved, verdict, os.path.basename(row["file"]),
+            os.path.relpath(os.path.join(ROOT, row["file"]), os.path.dirname(DOC))))
+    return "\n".join(lines)
+
+
+def _between(text, start, end, body):
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return head + start + "\n" + body + "\n" + end + tail
+
+
 def render(text):
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return head + START + "\n" + table() + "\n" + END + tail
+    text = _between(text, START, END, table())
+    return _between(text, ORDER_START, ORDER_END, ordering_table()) if ORDER_START in text else text
 
 
 def main(argv):
@@ -80,7 +111,7 @@ def main(argv):
     new = render(text)
     if "--check" in argv:
         if new != text:
-            print("docs/support-matrix.md's family table is not what the results files say: run "
+            print("docs/support-matrix.md's family or ordering table is not what the results files say: run "
                   "python3 tests/compat/render_families.py")
             return 1
         return 0

@@ -165,7 +165,7 @@ def _env(tmp_path, **extra):
     e = dict(os.environ)
     e.update(PATH=os.path.join(HERE, "fake_bin") + os.pathsep + e["PATH"], SITE=os.path.join(HERE, "fake_vllm"),
              SHIM_PATH=str(tmp_path / "no-shim"), SHIM_CHECK="0", PY=sys.executable, MODEL=str(model),
-             WORK=str(tmp_path / "work"), RESULT_DIR=str(tmp_path / "results"), VLLM_LOG_STATS_INTERVAL="1",
+             WORK=str(tmp_path / "work"), RESULT_DIR=str(tmp_path / "results"), VLLM_LOG_STATS_INTERVAL="0.2",
              PORT_PROXY=str(base), PORT_P=str(base + 1000), PORT_D=str(base + 1100),
              SIDE_P=str(base + 1200), SIDE_D=str(base + 1300), READY_TIMEOUT="60", KV_WAIT="20")
     e.pop("ENABLE_XLKV", None)
@@ -371,7 +371,7 @@ def test_negative_controls_end_to_end_with_fake_vllm(tmp_path):
 @pytest.mark.slow
 def test_an_answer_that_moved_no_kv_fails(tmp_path):
     e = _env(tmp_path, EQ_CONFIGS="stock", EQ_LENGTHS="5,100", EQ_JSON=str(tmp_path / "eq.json"),
-             FAKE_NO_TRANSFER="1", EQ_KV_WAIT="1")
+             FAKE_NO_TRANSFER="1", EQ_KV_WAIT="1", KV_WAIT="2")  # no metrics line will come
     r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]

@@ -10,7 +10,8 @@ Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group c
 0.29+ the descriptor targets of issue 32, from what D's vLLM registered and from the one
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
 sides), 1 descriptor per block for MLA, 1 per block id for sliding-window hybrids and 1 per
-block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py). One
+block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py; the
+mqa xlkv run's first request is the mixed pair, a prefill on vLLM's own BLNHC, refused). One
 harness run per family and config (a single request carrying every group's block ids): on 0.29+
 releases (CI's time), 8 runs per release (native for mla and swa) and 1 (the planted fault) on the
 newest selected.
@@ -40,6 +41,11 @@ PACKED = ((0, 24), (0, 29))
 NATIVE_FIGURES = {"0.26.0": "experiments/results/2026-11-25-families-cpu-0.26.0.json"}
 
 
+#: the mqa xlkv run's first request goes to a second prefill on vLLM's own BLNHC without the flag
+#: (one region per layer), which the flagged decode (one region per row) must refuse (issue 34)
+MIXED_PAIR = ("--refused-peer-env", "ENABLE_XLKV=false", "--refused-peer-env", "VLLM_KV_CACHE_LAYOUT=BLNHC")
+
+
 def _packed_release(vllm_env):
     return PACKED[0] <= release_of(vllm_env) < PACKED[1]
 
@@ -62,6 +68,8 @@ def runs(vllm_env, tmp_path_factory):
                         "groups are packed; MLA keeps the stock layout there, tests/unit/test_families.py)")
         if key not in cache:
             args, env = PACKED_NATIVE if config == "native" and release_of(vllm_env) < (0, 29) else CONFIGS[config]
+            if key == ("mqa", "xlkv"):
+                args = args + MIXED_PAIR
             cache[key] = harness(vllm_env[1], tmp_path_factory.mktemp("%s-%s" % (family, config)),
                                  "%s-%s" % (family, config), "--family", family, "--case", "groups",
                                  *args, *extra, env=env)
@@ -172,6 +180,24 @@ def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
     reg, sent = _per_block(r)
     assert r["kv_layout"] == "BLNHC" and reg == 1 and sent == 1, (r["kv_layout"], reg, sent,
                                                                   r["d"]["xlkv_log"][-3:])
+
+
+def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env, runs):
+    """The mixed pair of issue 34: at one KV head vLLM's own BLNHC registers one region per layer
+    and the flagged side one per block row, so their descriptors would not line up. The flagged
+    decode refuses that prefill at the handshake with the cause, and serves the next request
+    (the cases of the same run, against the flagged prefill)."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("issue 34's row registration is for 0.29+")
+    r = runs("mqa", "xlkv")
+    refused = r["refused_peer"]
+    assert "d_died" not in refused, refused.get("d_died")
+    text = json.dumps(refused["errors"])
+    assert "NIXL handshake refused" in text and "each block's row registered as one NIXL region" in text, text[-3000:]
+    assert "VLLM_KV_CACHE_LAYOUT=BLNHC or BHLNC) without ENABLE_XLKV" in text, text[-3000:]
+    assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], refused
+    assert not refused["xfer_calls"], refused
+    _assert_bytes_exact(r, "mqa")
 
 
 def test_swa_flag_on_packs_the_groups_as_vllms_own_opt_in(vllm_env, runs):

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Descriptor ordering for workers that keep vLLM's per-layer regions under ENABLE_XLKV (issue 34
+item 2): the ablation of patches/transfer_order.py where no cross-layer layout is in place.  The
+harness's dense model on the block orders of a loaded server (8 blocks descending on both sides,
+6 interleaved, 4 after a prefix-cache hit: cases reversed, interleaved, shared), three runs:
+
+- stock: no flag (vLLM's order, vLLM's regions),
+- keep_order: ENABLE_XLKV=true with an explicit stock layout (VLLM_KV_CACHE_LAYOUT=LBHNC on 0.29+,
+  NHD before: the worker keeps per-layer regions, as sparse MLA, Mamba hybrids, pipeline parallel
+  and every fallback do) and XLKV_COALESCE=false (the ordering off),
+- ordered: the same with the ordering on (the default).
+
+NIXL's own count of the descriptors it moved (after its merge of consecutive blocks) per case, bytes
+compared in each.  One results file per release:
+
+    python experiments/cpu/stock_layout_order.py --python ENV_PYTHON \\
+        --out experiments/results/2026-11-26-stock-layout-order-cpu-<release>.json [--run NAME ...]
+"""
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = ["--case", "reversed", "--case", "interleaved", "--case", "shared"]
+
+
+def runs(python):
+    """name -> (harness arguments, environment) for the release of ``python``."""
+    spec = importlib.util.spec_from_file_location("families_matrix", os.path.join(HERE, "families_matrix.py"))
+    fm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fm)
+    ver, _ = fm.release(python)
+    stock_layout = "LBHNC" if tuple(int(x) for x in ver.split(".")[:2]) >= (0, 29) else "NHD"
+    flag = {"ENABLE_XLKV": "true", "VLLM_KV_CACHE_LAYOUT": stock_layout}
+    return {"stock": (["--family", "dense"] + CASES, {}),
+            "keep_order": (["--family", "dense"] + CASES, dict(flag, XLKV_COALESCE="false")),
+            "ordered": (["--family", "dense"] + CASES, flag)}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    python = argv[argv.index("--python") + 1] if "--python" in argv else None
+    spec = importlib.util.spec_from_file_location("one_kv_head", os.path.join(HERE, "one_kv_head.py"))
+    okh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(okh)
+    table = runs(python) if python else {"stock": None, "keep_order": None, "ordered": None}
+    return okh.main(argv, runs=table, script="experiments/cpu/stock_layout_order.py", doc=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
