@@ -5,7 +5,9 @@ transport over the veth (UCX_TLS=tcp, UCX_NET_DEVICES=the veth end): nothing of 
 from D's namespace but across the pair.  Checked there as on one host: bytes exact, descriptors
 as the compatibility matrix counted them on one host, a one-sided flag refused with its cause and
 D serving on, and the link taken down in the middle of a read and brought back (stock and
-flagged must come out the same).  Two harness runs (stock, flag on), on the newest release only.
+flagged must come out the same).  Two harness runs (stock, flag on), on the newest release only
+in CI's time; XLKV_TEST_EVERYWHERE=1 runs them on every selected release (2026-11-26: 0.14.1,
+0.21.0 and 0.26.0 pass too, about 100 s each).
 
 Needs root (``ip netns add``); elsewhere every test here is skipped with the reason."""
 
@@ -87,9 +89,10 @@ def test_bytes_exact_across_the_veth_with_the_one_host_descriptor_counts(vllm_en
         assert case["veth"]["d"]["rx_bytes"] >= moved, (name, case["veth"], moved)
         # and nothing else carried them: P's end sent what D's end received.  The two ends' counters
         # are read one after the other, so a control packet (a 66-byte TCP ACK was seen in CI) can
-        # land between the reads: a few packets' slack, far below one block
+        # land between the reads: a few packets' slack, and always less than one descriptor's bytes
+        # (4096 where vLLM 0.12-0.25 split K and V: a missing descriptor could not hide in it)
         gap = abs(case["veth"]["p"]["tx_bytes"] - case["veth"]["d"]["rx_bytes"])
-        assert gap <= 4 * 1514 < r["block_len"], (case["veth"], r["block_len"])
+        assert gap <= min(4 * 1514, r["block_len"] - 1), (case["veth"], r["block_len"])
     if row is not None:  # the same counts as the compatibility matrix took with P and D on one host
         assert r["descs_per_block"] == row["descriptors_per_block_" + mode], (r["descs_per_block"], row)
         merged = (row.get("merged_descriptors") or {}).get("reversed")
