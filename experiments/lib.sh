@@ -567,8 +567,8 @@ fragmenting_load() {
 # kv_log_offset FILE: byte size now (where the next run's metrics lines start).
 kv_log_offset() { stat -c %s "$1" 2>/dev/null || echo 0; }
 
-# wait_kv_lines LOG OFFSET: waits until a "KV Transfer metrics" line follows OFFSET, then
-# one more logging interval plus a bit, so the final interval of the run is in the file.
+# wait_kv_lines LOG OFFSET: waits until a "KV Transfer metrics" line follows OFFSET, then two
+# more logging intervals and a margin, so the final interval of the run is in the file.
 wait_kv_lines() {
   local logf=$1 off=$2 t0=$SECONDS limit=${KV_WAIT:-60}
   until tail -c +"$((off + 1))" "$logf" | grep -q "KV Transfer metrics:"; do

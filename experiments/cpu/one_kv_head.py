@@ -64,19 +64,22 @@ def summarize(r, fm):
     return keep
 
 
-def main(argv=None, runs=None, script="experiments/cpu/one_kv_head.py", doc=__doc__):
+def main(argv=None, runs=None, script="experiments/cpu/one_kv_head.py", doc=__doc__, names=None):
     """Runs the named harness runs of ``runs`` (name -> (harness arguments, environment); default
-    this file's RUNS) into one results file; other drivers (stock_layout_order.py) pass theirs."""
+    this file's RUNS) into one results file.  Other drivers (stock_layout_order.py) pass theirs:
+    a table, or a function of the release under test that returns one, with its run ``names``."""
     runs = runs or RUNS
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--run", action="append", choices=list(runs))
+    ap.add_argument("--run", action="append", choices=list(names or runs))
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--setup-timeout", type=float, default=400)
     args = ap.parse_args(argv)
     fm = _families_matrix()
     ver, _ = fm.release(args.python)
+    if callable(runs):
+        runs = runs(ver)
     res = json.load(open(args.out)) if os.path.exists(args.out) and args.run else {"runs": {}}
     res.update(vllm=ver, date=time.strftime("%Y-%m-%d"),
                command="python %s --python ENV_PYTHON --out %s%s" % (

@@ -24,27 +24,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ["--case", "reversed", "--case", "interleaved", "--case", "shared"]
 
 
-def runs(python):
-    """name -> (harness arguments, environment) for the release of ``python``."""
-    spec = importlib.util.spec_from_file_location("families_matrix", os.path.join(HERE, "families_matrix.py"))
-    fm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fm)
-    ver, _ = fm.release(python)
-    stock_layout = "LBHNC" if tuple(int(x) for x in ver.split(".")[:2]) >= (0, 29) else "NHD"
+#: the runs, in the order they run
+NAMES = ("stock", "keep_order", "ordered")
+
+
+def runs(version):
+    """name -> (harness arguments, environment) for vLLM ``version``."""
+    stock_layout = "LBHNC" if tuple(int(x) for x in version.split(".")[:2]) >= (0, 29) else "NHD"
     flag = {"ENABLE_XLKV": "true", "VLLM_KV_CACHE_LAYOUT": stock_layout}
-    return {"stock": (["--family", "dense"] + CASES, {}),
-            "keep_order": (["--family", "dense"] + CASES, dict(flag, XLKV_COALESCE="false")),
-            "ordered": (["--family", "dense"] + CASES, flag)}
+    table = {"stock": {}, "keep_order": dict(flag, XLKV_COALESCE="false"), "ordered": flag}
+    return {name: (["--family", "dense"] + CASES, table[name]) for name in NAMES}
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    python = argv[argv.index("--python") + 1] if "--python" in argv else None
+    """one_kv_head.py's driver with this file's runs (one harness at a time, one results file)."""
     spec = importlib.util.spec_from_file_location("one_kv_head", os.path.join(HERE, "one_kv_head.py"))
     okh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(okh)
-    table = runs(python) if python else {"stock": None, "keep_order": None, "ordered": None}
-    return okh.main(argv, runs=table, script="experiments/cpu/stock_layout_order.py", doc=__doc__)
+    return okh.main(argv, runs=runs, names=NAMES, script="experiments/cpu/stock_layout_order.py", doc=__doc__)
 
 
 if __name__ == "__main__":

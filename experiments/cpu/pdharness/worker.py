@@ -6,6 +6,7 @@ its layers' bytes.  Module level stays stdlib-only: spawned children import it."
 import argparse
 import os
 import queue as queue_mod
+import sys
 import time
 import traceback
 
@@ -51,7 +52,6 @@ def _leave(res_q):
     ~9 s (main thread running, 40 gloo threads waiting; measured here), which the parent's
     join waited out, in every run: a third of a run's CPU time on a 2-core CI machine.
     Nothing a check reads happens after this point (the results went through ``res_q``)."""
-    import sys
     res_q.close()
     res_q.join_thread()
     for stream in (sys.stdout, sys.stderr):
