@@ -40,6 +40,8 @@ class ReleaseFacts:
     #: vLLM's packed multi-group KV allocation (``kv_cache_utils._use_packed_kv_cache_config``,
     #: enable_cross_layers_blocks with several KV cache groups), registered as one NIXL region (0.24-0.28)
     packed_groups: bool = False
+    #: MLA backends whose cross-layer blocks xlkv turns on (0.26-0.28; empty elsewhere)
+    mla_cross_layer_backends: Tuple[str, ...] = ()
 
 
 def facts_for(release):
@@ -57,6 +59,7 @@ def facts_for(release):
         failed_recv_looks_up_engine=row.recv_lookup,
         kv_split_regions=row.kv_split,
         packed_groups=row.packed,
+        mla_cross_layer_backends=releases.MLA_BACKENDS[row.mla] if row.mla else (),
     )
 
 

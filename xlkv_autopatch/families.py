@@ -95,13 +95,16 @@ class ModelDecision:
         return TITLES[self.family]
 
 
-def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: bool = False) -> ModelDecision:
+def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: bool = False,
+           mla_backends: Tuple[str, ...] = ()) -> ModelDecision:
     """What the shim does for this model.
 
     ``block_outermost_layouts``: the release chooses KV-cache layouts once per engine (vLLM
     0.29+, the ``layout`` mechanism); otherwise the shim lays out cross-layer blocks
     (0.12-0.28).  ``packed_groups``: the release has vLLM's packed multi-group KV allocation
-    (0.24-0.28), which the shim turns on for sliding-window hybrids.  Only the model's shape
+    (0.24-0.28), which the shim turns on for sliding-window hybrids.  ``mla_backends``: the MLA
+    attention backends whose cross-layer blocks xlkv turns on on this release (0.26-0.28; the
+    patch checks the engine's backend against them).  Only the model's shape
     is decided here; the attention backend, host-buffer mode, the kernel block and the user's
     explicit settings are checked by the patches.
     """
@@ -115,6 +118,14 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
                                          "per-layer rows under block-outermost layouts: vLLM issues #55431, #55528)"
                              % title)
     if not block_outermost_layouts:
+        if fam == MLA and mla_backends:
+            if facts.pp_size > 1:
+                return ModelDecision(fam, False, "%s with pipeline parallel size %d: keeps the stock layout (xlkv's "
+                                                 "MLA cross-layer blocks are not proven with pipeline stages)"
+                                     % (title, facts.pp_size))
+            return ModelDecision(fam, True, "%s: one cross-layer latent KV tensor, 1 descriptor per block, on the MLA "
+                                            "backends proven with it (%s; vLLM's own NIXL opt-in has no MLA backend "
+                                            "here)" % (title, ", ".join(mla_backends)))
         if fam == MLA:
             return ModelDecision(fam, False, "%s: keeps the stock layout on this vLLM (cross-layer blocks here are "
                                              "allocated for FlashAttention-style K/V layers only)" % title)

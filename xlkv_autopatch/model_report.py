@@ -70,7 +70,8 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
                                            pp_size=pp, source=source)
     release = facts.current()
     decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
-                               packed_groups=release.packed_groups)
+                               packed_groups=release.packed_groups,
+                               mla_backends=release.mla_cross_layer_backends)
     stock, xlkv = families.expected_descriptors(fam_facts, decision, kv_split=release.kv_split_regions)
     out.update({
         "source": source,

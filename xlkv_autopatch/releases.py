@@ -54,6 +54,15 @@ BACKENDS = {
     "fa+fi+triton": ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"),
 }
 
+#: column ``mla``: MLA attention backends whose cross-layer blocks xlkv turns on (vLLM's own NIXL guard
+#: accepts no MLA backend on 0.26-0.28, although these backends index their latent cache by the block
+#: stride there, as vLLM's OffloadingConnector already uses them); each proven on a GPU with P/D
+#: equivalence (docs/support-matrix.md).  CUTLASS_MLA and FLASHINFER_MLA (SM100) are block-major too
+#: but unproven: they keep the stock layout with a WARNING naming the backend.
+MLA_BACKENDS = {
+    "h100": ("FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA"),
+}
+
 #: values of the other non-boolean columns
 MECHANISMS = ("backport", "native", "layout")
 PREFERS = ("classvar", "base-property", "property")
@@ -84,30 +93,32 @@ MULTIS = ("backport", "warn")
 #   packed     vLLM's packed multi-group KV allocation exists (kv_cache_utils._use_packed_kv_cache_config,
 #              turned on by enable_cross_layers_blocks for several KV cache groups; NIXL registers it as
 #              one region through the worker's _register_packed_kv_cache): sliding-window hybrids get it
+#   mla        MLA backends given cross-layer blocks under the flag (MLA_BACKENDS; - : none, MLA keeps
+#              the stock layout before 0.26 and has vLLM's own BLNHC from 0.29)
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no        yes
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no        yes
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no        yes
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no        no
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
 """
 
 
@@ -130,10 +141,12 @@ class Release:
     recv_lookup: bool
     kv_split: bool
     packed: bool
+    mla: Optional[str]
 
     def __post_init__(self):
         allowed = {"mechanism": MECHANISMS, "nixl": tuple(HOMES), "prefer": PREFERS + (None,),
-                   "hash": tuple(HASH_PARAMS) + (None,), "multi": MULTIS + (None,), "backends": tuple(BACKENDS)}
+                   "hash": tuple(HASH_PARAMS) + (None,), "multi": MULTIS + (None,), "backends": tuple(BACKENDS),
+                   "mla": tuple(MLA_BACKENDS) + (None,)}
         for name, values in allowed.items():
             if getattr(self, name) not in values:
                 raise ValueError("release %s: %s=%r is not one of %s"

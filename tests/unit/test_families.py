@@ -87,6 +87,28 @@ def test_sliding_window_hybrids_pack_their_groups_where_the_release_can(cfg, gro
     assert before.reason.startswith(FM.TITLES[FM.SLIDING_WINDOW])
 
 
+MLA_H100 = ("FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA")
+
+
+def test_mla_gets_one_cross_layer_tensor_where_the_release_names_mla_backends():
+    """0.26-0.28 (issue 33 item 2): MLA takes one cross-layer latent tensor on the MLA backends the
+    release row names; sparse MLA, pipeline stages and releases without MLA backends keep stock."""
+    mla = facts(DEEPSEEK_V3, use_mla=True, heads=1)
+    d = FM.decide(mla, block_outermost_layouts=False, mla_backends=MLA_H100)
+    assert (d.family, d.cross_layer) == (FM.MLA, True)
+    assert "one cross-layer latent KV tensor" in d.reason and "TRITON_MLA" in d.reason
+    assert FM.expected_descriptors(replace(mla, group_layers=61), d, kv_split=False) == (61, 1)
+    assert FM.decide(mla, block_outermost_layouts=False).cross_layer is False  # 0.12-0.25
+    assert FM.decide(replace(mla, pp_size=2), block_outermost_layouts=False, mla_backends=MLA_H100).cross_layer is False
+    sparse = FM.decide(facts(DEEPSEEK_V32, use_mla=True, heads=1), block_outermost_layouts=False,
+                       mla_backends=MLA_H100)
+    assert (sparse.family, sparse.cross_layer) == (FM.SPARSE_MLA, False)
+    # the other families decide the same with or without MLA backends
+    for other in (facts(QWEN3), facts(QWEN3, heads=1), facts(GPT_OSS), facts(QWEN3, mamba=True)):
+        assert FM.decide(other, block_outermost_layouts=False, mla_backends=MLA_H100) == \
+            FM.decide(other, block_outermost_layouts=False)
+
+
 def test_packed_groups_change_only_sliding_window_hybrids():
     """The packed allocation is for several KV cache groups of attention layers: every other family
     decides the same with or without it."""

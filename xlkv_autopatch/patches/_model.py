@@ -59,7 +59,9 @@ def decision(vllm_config, *, kv_cache_groups=None):
     release = facts.current()
     layouts = release.kv_cache_layouts
     # the attention backends only tell sparse MLA apart, which matters where MLA can be packed
-    found = model_facts(vllm_config, backends=None if layouts else (), kv_cache_groups=kv_cache_groups)
+    mla = release.mla_cross_layer_backends
+    found = model_facts(vllm_config, backends=None if layouts or mla else (), kv_cache_groups=kv_cache_groups)
     if found is None:
         return None
-    return families.decide(found, block_outermost_layouts=layouts, packed_groups=release.packed_groups)
+    return families.decide(found, block_outermost_layouts=layouts, packed_groups=release.packed_groups,
+                           mla_backends=mla)

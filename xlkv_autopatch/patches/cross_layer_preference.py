@@ -16,7 +16,12 @@ How
     families that keep the stock layout (families.decide: MLA, sliding-window hybrids
     with several KV cache groups before 0.24, whose WARNING names the family; 0.24-0.28
     pack those groups instead, packed_kv_cache_config.py, and the property keeps vLLM's
-    own answer for them) and host-buffer mode to the exclusions.  A configuration that keeps the stock layout logs
+    own answer for them) and host-buffer mode to the exclusions.  0.26-0.28, MLA models:
+    vLLM's guard accepts no MLA backend, although the five dense MLA backends already index
+    their latent cache by the block stride (stride order (1, 0, 2, 3), which vLLM's
+    OffloadingConnector relies on); under the flag the property answers True for the MLA
+    backends proven with xlkv on a GPU (releases.MLA_BACKENDS), and the others keep the
+    stock layout with a WARNING naming the backend.  A configuration that keeps the stock layout logs
     one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
     ``enable_cross_layers_blocks=false`` wins.
 vLLM versions
@@ -106,6 +111,14 @@ def native_wrapper(wrapped, instance, args, kwargs):
     if not extra.use:
         fallback(extra.reason, extra.reason)
         return False
+    mla = _mla_decision(wrapped, instance)
+    if mla is not None:  # 0.26-0.28, MLA: vLLM's own guard has no MLA backend (module docstring)
+        if not mla.use:
+            fallback(mla.reason, mla.reason)
+            return False
+        _state.note_cross_layer_preferred()
+        info_once("prefer", "NixlConnector prefers cross-layer KV blocks (%s)", mla.reason)
+        return True
     result = bool(wrapped(_OptInView(instance)))
     if result:
         _state.note_cross_layer_preferred()
@@ -114,6 +127,35 @@ def native_wrapper(wrapped, instance, args, kwargs):
         reason = _native_refusal(wrapped, instance)
         fallback(reason, reason)
     return result
+
+
+def _mla_decision(getter, connector):
+    """0.26-0.28, an MLA model the family rule gives cross-layer blocks (families.decide): use them
+    where the engine's MLA backend is one xlkv has proven (releases.MLA_BACKENDS) and indexes its
+    latent cache by the block stride (the backend's own ``indexes_kv_by_block_stride``, which vLLM's
+    model runner checks again before allocating), with no Mamba group.  None: not such a model."""
+    proven = facts.current().mla_cross_layer_backends
+    if not proven:
+        return None
+    config = _kv_cache_config(connector)
+    model = _model.decision(connector._vllm_config, kv_cache_groups=_model.kv_cache_group_count(config))
+    if model is None or model.family != families.MLA or not model.cross_layer:
+        return None
+    module = sys.modules[getattr(getter, "__module__", None) or type(connector).__module__]
+    backend = module.get_current_attn_backend(connector._vllm_config)
+    name = backend.get_name()
+    if name not in proven:
+        return layout.Decision(False, "MLA attention backend %s: keeps the stock layout (xlkv's MLA cross-layer "
+                                      "blocks are proven on %s only)" % (name, ", ".join(proven)))
+    _, has_mamba, _groups = spec_names(config)
+    if has_mamba:
+        return layout.Decision(False, "MLA with Mamba KV cache groups: keeps the stock layout")
+    indexes = getattr(backend, "indexes_kv_by_block_stride", None)
+    if callable(indexes) and not indexes():
+        return layout.Decision(False, "MLA attention backend %s does not index its latent cache by the block "
+                                      "stride on this vLLM: keeps the stock layout" % name)
+    return layout.Decision(True, "MLA attention backend %s reads its latent cache by the block stride: one "
+                                 "cross-layer latent KV tensor" % name)
 
 
 def _native_refusal(getter, connector):

@@ -14,7 +14,8 @@ Why
     runner serves every family.)
 How
     The property is wrapped: when ENABLE_XLKV is on, the engine's KV connector is a
-    NixlConnector (directly or inside a MultiConnector), the model is not MLA, the user
+    NixlConnector (directly or inside a MultiConnector), the model's family takes
+    cross-layer blocks (families.decide: dense, one KV head, MLA on 0.26-0.28), the user
     did not set VLLM_USE_V2_MODEL_RUNNER, and the original answer is V2 because the model
     is on V2's default list, the answer becomes V1 (INFO line once).  Features that force
     V2 (speculative decoding drafts, PCP > 1) keep V2, and an explicit
