@@ -42,6 +42,9 @@ class ReleaseFacts:
     packed_groups: bool = False
     #: MLA backends whose cross-layer blocks xlkv turns on (0.26-0.28; empty elsewhere)
     mla_cross_layer_backends: Tuple[str, ...] = ()
+    #: a KV connector turns vLLM's hybrid KV cache manager off by default, so a sliding-window
+    #: hybrid is planned as one KV cache group (0.12-0.21)
+    connector_turns_hma_off: bool = False
 
 
 def facts_for(release):
@@ -60,6 +63,7 @@ def facts_for(release):
         kv_split_regions=row.kv_split,
         packed_groups=row.packed,
         mla_cross_layer_backends=releases.MLA_BACKENDS[row.mla] if row.mla else (),
+        connector_turns_hma_off=row.hma_off,
     )
 
 

@@ -171,8 +171,9 @@ def _sliding_window_before_layouts(facts: ModelFacts, title: str, packed_groups:
     return ModelDecision(SLIDING_WINDOW, False, "%s: keeps the stock layout on this vLLM (several KV cache groups: "
                                                 "one cross-layer KV tensor needs one group, and vLLM's packed "
                                                 "multi-group allocation exists from 0.24 on; where vLLM plans one "
-                                                "group because its hybrid KV cache manager is off, one cross-layer "
-                                                "KV tensor)" % title)
+                                                "group because its hybrid KV cache manager is off, e.g. with "
+                                                "--disable-hybrid-kv-cache-manager, one cross-layer KV tensor)"
+                                 % title)
 
 
 def sliding_and_full(layer_types: Optional[Tuple[str, ...]], sliding_window) -> bool:

@@ -9,6 +9,7 @@ asks at run time.
 
 import json
 import os
+from dataclasses import replace
 
 from . import facts, families
 
@@ -69,6 +70,12 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
     fam_facts = families.facts_from_config(get, use_mla=use_mla, mamba=hybrid, kv_heads_per_rank=per_rank,
                                            pp_size=pp, source=source)
     release = facts.current()
+    if fam_facts.sliding_window and release.connector_turns_hma_off and isinstance(get("num_hidden_layers"), int):
+        # vLLM 0.12-0.21 turn the hybrid KV cache manager off under any KV connector: one KV cache group
+        fam_facts = replace(fam_facts, kv_cache_groups=1, group_layers=get("num_hidden_layers"))
+        out["notes"].append("this vLLM turns its hybrid KV cache manager off under a KV connector, so the "
+                            "sliding-window and full-attention layers share one KV cache group (with "
+                            "--no-disable-hybrid-kv-cache-manager they would not, and the stock layout is kept)")
     decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
                                packed_groups=release.packed_groups,
                                mla_backends=release.mla_cross_layer_backends)

@@ -95,30 +95,33 @@ MULTIS = ("backport", "warn")
 #              one region through the worker's _register_packed_kv_cache): sliding-window hybrids get it
 #   mla        MLA backends given cross-layer blocks under the flag (MLA_BACKENDS; - : none, MLA keeps
 #              the stock layout before 0.26 and has vLLM's own BLNHC from 0.29)
+#   hma_off    any KV connector turns vLLM's hybrid KV cache manager off unless the user keeps it
+#              (config/vllm.py: "turn HMA off for connector"), so a sliding-window hybrid is planned as
+#              one KV cache group; from 0.22 only connectors without SupportsHMA do, and NIXL has it
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla  hma_off
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -    yes
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -    yes
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -    yes
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -    yes
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -    yes
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -    yes
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -    no
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -    no
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -    no
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -    no
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100 no
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100 no
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100 no
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
 """
 
 
@@ -142,6 +145,7 @@ class Release:
     kv_split: bool
     packed: bool
     mla: Optional[str]
+    hma_off: bool
 
     def __post_init__(self):
         allowed = {"mechanism": MECHANISMS, "nixl": tuple(HOMES), "prefer": PREFERS + (None,),

@@ -19,6 +19,10 @@ On 0.24-0.28 (issue 33 item 1) the swa family only, stock and xlkv (2 runs): the
 sliding-window and full-attention groups as vLLM's own opt-in (enable_cross_layers_blocks) does,
 1 descriptor per block id, the figure vLLM's opt-in registered in the results file of the release
 (NATIVE_FIGURES; measured once, not in CI), and D's compatibility hash is tagged.
+On 0.26-0.28 (issue 33 item 2) the mla family too, stock and xlkv (2 runs): the flag gives vLLM's
+MLA backends that read their latent cache by the block stride (TRITON_MLA on the CPU harness) one
+cross-layer latent tensor, 1 descriptor per block where stock registers one per layer, which no vLLM
+setting does on these releases; the xlkv run's first request goes to an unflagged prefill, refused.
 experiments/cpu/families_matrix.py writes the same runs into a results file."""
 
 import importlib.util
@@ -46,8 +50,22 @@ NATIVE_FIGURES = {"0.26.0": "experiments/results/2026-11-25-families-cpu-0.26.0.
 MIXED_PAIR = ("--refused-peer-env", "ENABLE_XLKV=false", "--refused-peer-env", "VLLM_KV_CACHE_LAYOUT=BLNHC")
 
 
+#: the mla xlkv run's first request on 0.26-0.28 goes to a second prefill without the flag (per-layer
+#: latent regions), which the flagged decode (one cross-layer latent tensor) must refuse
+MLA_MIXED_PAIR = ("--refused-peer-env", "ENABLE_XLKV=false")
+
+
 def _packed_release(vllm_env):
     return PACKED[0] <= release_of(vllm_env) < PACKED[1]
+
+
+#: the releases where xlkv gives MLA one cross-layer latent tensor (issue 33 item 2), written here and
+#: not read from releases.py, so that a release table that drops it fails these tests
+MLA_CROSS_LAYER = ((0, 26), (0, 29))
+
+
+def _mla_cross_layer_release(vllm_env):
+    return MLA_CROSS_LAYER[0] <= release_of(vllm_env) < MLA_CROSS_LAYER[1]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +73,7 @@ def runs(vllm_env, tmp_path_factory):
     """(family, config) -> the harness result, run on first use and kept for the module.
     XLKV_FAMILIES_RESULTS=FILE: afterwards the runs go into FILE as families_matrix.py
     writes them (experiments/results/2026-11-25-families-cpu-<release>.json)."""
-    if release_of(vllm_env) < (0, 29) and not _packed_release(vllm_env):
+    if release_of(vllm_env) < (0, 29) and not _packed_release(vllm_env) and not _mla_cross_layer_release(vllm_env):
         # CI's time: the family targets are 0.24+'s; on 0.12-0.23 the shim keeps MLA and several KV
         # cache groups on the stock layout (families.decide, tests/unit/test_families.py)
         pytest.skip("model families run on vLLM 0.24+ (the releases whose allocation or layouts they change)")
@@ -63,13 +81,18 @@ def runs(vllm_env, tmp_path_factory):
 
     def get(family, config, *extra):
         key = (family, config) + extra
-        if release_of(vllm_env) < (0, 29) and (family != "swa" or config not in ("stock", "xlkv", "native")):
-            pytest.skip("on vLLM 0.24-0.28 only the sliding-window hybrid runs (issue 33 item 1: its KV cache "
-                        "groups are packed; MLA keeps the stock layout there, tests/unit/test_families.py)")
+        if release_of(vllm_env) < (0, 29) and not (
+                (family == "swa" and config in ("stock", "xlkv", "native"))
+                or (family == "mla" and config in ("stock", "xlkv") and _mla_cross_layer_release(vllm_env))):
+            pytest.skip("on vLLM 0.24-0.28 the sliding-window hybrid runs (issue 33 item 1: its KV cache groups "
+                        "are packed) and, on 0.26-0.28, MLA (item 2); the rest keeps its 0.24-0.28 layout, "
+                        "tests/unit/test_families.py")
         if key not in cache:
             args, env = PACKED_NATIVE if config == "native" and release_of(vllm_env) < (0, 29) else CONFIGS[config]
             if key == ("mqa", "xlkv"):
                 args = args + MIXED_PAIR
+            if key == ("mla", "xlkv") and release_of(vllm_env) < (0, 29):
+                args = args + MLA_MIXED_PAIR
             cache[key] = harness(vllm_env[1], tmp_path_factory.mktemp("%s-%s" % (family, config)),
                                  "%s-%s" % (family, config), "--family", family, "--case", "groups",
                                  *args, *extra, env=env)
@@ -160,6 +183,36 @@ def test_mla_flag_on_is_one_descriptor_per_block(vllm_env, runs):
     r = runs("mla", "xlkv")
     reg, sent = _per_block(r)
     assert reg == 1 and sent == 1, (reg, sent, r["d"]["xlkv_log"][-3:])
+
+
+def test_mla_flag_on_is_one_cross_layer_tensor_where_no_vllm_setting_is(vllm_env, runs):
+    """0.26-0.28 (issue 33 item 2): vLLM's NIXL opt-in accepts no MLA backend, so stock and its own
+    best setting register one latent region per layer; with the flag TRITON_MLA (which reads its
+    latent cache by the block stride) gets one cross-layer tensor: 1 region, 1 descriptor per
+    block, bytes exact, D's hash tagged. The xlkv run's first request went to an unflagged
+    prefill: refused at the handshake with the cause, nothing handed to NIXL, D serving on."""
+    if not _mla_cross_layer_release(vllm_env):
+        pytest.skip("xlkv's MLA cross-layer blocks are for 0.26-0.28 (vLLM's own BLNHC from 0.29)")
+    stock, xlkv = runs("mla", "stock"), runs("mla", "xlkv")
+    _assert_bytes_exact(stock, "mla")
+    _assert_bytes_exact(xlkv, "mla")
+    reg_s, sent_s = _per_block(stock)
+    reg_x, sent_x = _per_block(xlkv)
+    layers = len(xlkv["kv_cache_groups"][0]["layers"])
+    assert (reg_s, sent_s) == (layers, layers) and layers > 1, (reg_s, sent_s, layers)
+    assert (reg_x, sent_x) == (1, 1) and xlkv["cross_layer"] is True, (reg_x, sent_x, xlkv["d"]["xlkv_log"][-4:])
+    assert xlkv["registered"]["bytes_per_block_id"] == stock["registered"]["bytes_per_block_id"], \
+        (xlkv["registered"], stock["registered"])
+    log = "\n".join(xlkv["d"]["xlkv_log"])
+    assert "MLA attention backend %s reads its latent cache by the block stride" % xlkv["backend"] in log, log[-1500:]
+    assert "tagged as xlkv-cross-layer-KV-layout" in log, log[-1500:]
+    refused = xlkv["refused_peer"]
+    assert "d_died" not in refused, refused.get("d_died")
+    text = json.dumps(refused["errors"])
+    assert "NIXL handshake refused" in text and "the remote engine runs the stock per-layer KV layout" in text, \
+        text[-3000:]
+    assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], refused
+    assert not refused["xfer_calls"], refused
 
 
 def test_swa_flag_on_is_one_descriptor_per_block_id(vllm_env, runs):

@@ -686,3 +686,61 @@ def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_group
     assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
     (reason,) = _state.stock_reasons()
     assert reason.startswith("sliding-window + full attention hybrid") and "several KV cache groups" in reason
+
+
+def test_native_preference_of_mla_follows_the_release_and_its_backend(release, monkeypatch):
+    """0.26-0.28 (issue 33 item 2): vLLM's own guard accepts no MLA backend; under the flag an MLA
+    model gets cross-layer blocks on the MLA backends of the release row (releases.MLA_BACKENDS)
+    that index their latent cache by the block stride; any other MLA backend keeps the stock layout
+    with a WARNING naming it; 0.21 (no MLA backends in its row) keeps stock with the family named."""
+    import sys
+
+    mod = types.ModuleType("xlkv_test_fake_nixl_connector")
+    backend = {"name": "TRITON_MLA", "strided": True}
+
+    class Backend:
+        @staticmethod
+        def get_name():
+            return backend["name"]
+
+        @classmethod
+        def indexes_kv_by_block_stride(cls):
+            return backend["strided"]
+
+    mod.get_current_attn_backend = lambda cfg: Backend
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+    def upstream_property(self):  # vLLM 0.26's guard: FLASH_ATTN, FLASHINFER, TRITON_ATTN only
+        return False
+    upstream_property.__module__ = mod.__name__
+
+    def conn(spec=object()):
+        return types.SimpleNamespace(
+            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={}, kv_role="kv_both"),
+            _vllm_config=_model_cfg(use_mla=True, heads=1), connector_worker=None,
+            kv_cache_config=types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)]))
+
+    release("0.26.0")
+    for name in ("TRITON_MLA", "FLASH_ATTN_MLA", "FLASHMLA"):
+        backend["name"] = name
+        c = conn()
+        assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is True, name
+    assert _state.stock_reasons() == []
+    backend["name"] = "CUTLASS_MLA"  # block-major too, not proven: stock, the backend named
+    c = conn()
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    (reason,) = _state.stock_reasons()
+    assert "CUTLASS_MLA" in reason and "proven on FLASHMLA, FLASH_ATTN_MLA, TRITON_MLA" in reason
+    backend.update(name="TRITON_MLA", strided=False)  # a backend that does not read by the block stride
+    c = conn()
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    assert "does not index its latent cache by the block stride" in _state.stock_reasons()[-1]
+    backend["strided"] = True
+    c = conn(spec=type("MambaSpec", (), {})())  # a Mamba group beside MLA
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    c.kv_transfer_config.kv_connector_extra_config["enable_cross_layers_blocks"] = "false"
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False  # explicit opt-out wins
+    release("0.21.0")
+    c = conn()
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    assert _state.stock_reasons()[-1].startswith("MLA (DeepSeek-V2/V3, Kimi K2 style): keeps the stock layout")

@@ -59,7 +59,11 @@ def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
     ("0.25.0", "deepseek-v3", (), "mla", "stock", 61, 61),
     ("0.26.0", "deepseek-v32", (), "sparse-mla", "stock", 61, 61),
     ("0.26.0", "gpt-oss", (), "sliding-window", "packed KV cache groups", 18, 1),
-    ("0.21.0", "gpt-oss", (), "sliding-window", "stock", 36, 36),
+    # 0.12-0.21: a KV connector turns vLLM's hybrid KV cache manager off: one group of all 36 layers
+    ("0.21.0", "gpt-oss", (), "sliding-window", "one cross-layer KV tensor", 72, 1),
+    ("0.14.1", "gpt-oss", (), "sliding-window", "one cross-layer KV tensor", 72, 1),
+    # 0.22-0.23: NIXL supports the hybrid manager, several groups, no packed allocation yet
+    ("0.23.0", "gpt-oss", (), "sliding-window", "stock", 36, 36),
     ("0.26.0", "llama-70b", ("--tp", "8"), "one-kv-head", "one cross-layer KV tensor", 80, 1),
     ("0.21.0", "llama-70b", ("--tp", "8"), "one-kv-head", "one cross-layer KV tensor", 160, 1),
     ("0.33.0", "deepseek-v3", ("--pp", "2"), "mla", "stock", 61, 61),
