@@ -248,6 +248,8 @@ http_ok() {
 # native     vLLM's own best cross-layer configuration, without the shim:
 #            0.16-0.28 kv_connector_extra_config.enable_cross_layers_blocks;
 #            0.29+     VLLM_KV_CACHE_LAYOUT=BLNHC on P and D (block-outermost KV layout)
+# stock-v1   stock with VLLM_USE_V2_MODEL_RUNNER=0 (0.22-0.28): the shim runs the V1 model runner
+#            there, so this separates the runner from the layout in a comparison with shim
 # native-v1  the opt-in with VLLM_USE_V2_MODEL_RUNNER=0 (0.22-0.28: Model Runner V2, the
 #            default there, ignores the opt-in)
 # nc-<cfg>   negative control (equivalence only): <cfg>, and D corrupts the KV it received
@@ -260,9 +262,9 @@ config_supported() {
     native)
       if version_ge "$VLLM_VERSION" 0.16; then return 0; fi
       echo "native: vLLM's own cross-layer blocks exist from 0.16 on (enable_cross_layers_blocks 0.16-0.28, VLLM_KV_CACHE_LAYOUT=BLNHC 0.29+; this is $VLLM_VERSION)"; return 1 ;;
-    native-v1)
+    native-v1|stock-v1)
       if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
-      echo "native-v1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
+      echo "$1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
     shim-keep-order|shim-ucx|shim-ids) shim_supported ;;
     shim-ray)
       if ! "$PY" -c 'import ray' 2>/dev/null; then
@@ -270,7 +272,7 @@ config_supported() {
       fi
       shim_supported ;;
     nc-*) config_supported "${1#nc-}" ;;
-    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ucx, shim-ray, shim-ids, native, native-v1, nc-<config>)"; return 1 ;;
+    *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ucx, shim-ray, shim-ids, native, native-v1, stock-v1, nc-<config>)"; return 1 ;;
   esac
 }
 
@@ -321,6 +323,7 @@ config_env() {
       if version_ge "${VLLM_VERSION:-0}" 0.29; then CFG_ENV=(VLLM_KV_CACHE_LAYOUT=BLNHC)
       else CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; fi ;;
     native-v1) CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; CFG_ENV=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
+    stock-v1) CFG_ENV=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
     nc-*)
       config_env "${1#nc-}"
       # the hook's sitecustomize.py goes first on D's PYTHONPATH and chains to the next one

@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pdtools  # noqa: E402
 
-CONFIG_ORDER = ["prefill_only", "stock", "shim", "shim-keep-order", "shim-ucx", "native", "native-v1"]
+CONFIG_ORDER = ["prefill_only", "stock", "stock-v1", "shim", "shim-keep-order", "shim-ucx", "native", "native-v1"]
 
 
 def _vals(xs):

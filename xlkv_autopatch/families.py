@@ -124,7 +124,7 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
                                                  "MLA cross-layer blocks are not proven with pipeline stages)"
                                      % (title, facts.pp_size))
             return ModelDecision(fam, True, "%s: one cross-layer latent KV tensor, 1 descriptor per block, on the MLA "
-                                            "backends proven with it (%s; vLLM's own NIXL opt-in has no MLA backend "
+                                            "backends run with it on a GPU (%s; vLLM's own NIXL opt-in has no MLA backend "
                                             "here)" % (title, ", ".join(mla_backends)))
         if fam == MLA:
             return ModelDecision(fam, False, "%s: keeps the stock layout on this vLLM (cross-layer blocks here are "

@@ -56,11 +56,12 @@ BACKENDS = {
 
 #: column ``mla``: MLA attention backends whose cross-layer blocks xlkv turns on (vLLM's own NIXL guard
 #: accepts no MLA backend on 0.26-0.28, although these backends index their latent cache by the block
-#: stride there, as vLLM's OffloadingConnector already uses them); each proven on a GPU with P/D
-#: equivalence (docs/support-matrix.md).  CUTLASS_MLA and FLASHINFER_MLA (SM100) are block-major too
-#: but unproven: they keep the stock layout with a WARNING naming the backend.
+#: stride there, as vLLM's OffloadingConnector already uses them); each run on a GPU with P/D
+#: equivalence on 0.26.0 (docs/support-matrix.md: token ids identical to stock P/D, the negative
+#: control detected).  FLASHMLA (not yet run on a GPU here), CUTLASS_MLA and FLASHINFER_MLA (SM100) are
+#: block-major too: they keep the stock layout with a WARNING naming the backend until a GPU run.
 MLA_BACKENDS = {
-    "h100": ("FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA"),
+    "fa+triton": ("FLASH_ATTN_MLA", "TRITON_MLA"),
 }
 
 #: values of the other non-boolean columns
@@ -99,29 +100,29 @@ MULTIS = ("backport", "warn")
 #              (config/vllm.py: "turn HMA off for connector"), so a sliding-window hybrid is planned as
 #              one KV cache group; from 0.22 only connectors without SupportsHMA do, and NIXL has it
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla  hma_off
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -    yes
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -    yes
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -    yes
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -    yes
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -    yes
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -    yes
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -    yes
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -    no
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -    no
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -    no
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -    no
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100 no
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100 no
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    h100 no
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -    no
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla       hma_off
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -         yes
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -         yes
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -         yes
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -         yes
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -         yes
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -         yes
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -         no
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -         no
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -         no
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -         no
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+triton no
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+triton no
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+triton no
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
 """
 
 

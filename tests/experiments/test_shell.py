@@ -79,6 +79,11 @@ def test_config_env_and_support():
     assert _lib("VLLM_VERSION=0.21.0; config_supported native").returncode == 0
     assert _lib("VLLM_VERSION=0.21.0; config_supported native-v1").returncode == 1
     assert _lib("VLLM_VERSION=0.26.0; config_supported native-v1").returncode == 0
+    # stock on the V1 model runner: the shim's runner without its layout (0.22-0.28)
+    assert _lib('config_env stock-v1; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"').stdout.strip() == \
+        "VLLM_USE_V2_MODEL_RUNNER=0|"
+    assert _lib("VLLM_VERSION=0.26.0; config_supported stock-v1").returncode == 0
+    assert _lib("VLLM_VERSION=0.33.0; config_supported stock-v1").returncode == 1
     # native = vLLM's own best configuration: the opt-in up to 0.28, the BLNHC layout from 0.29
     assert _lib("VLLM_VERSION=0.29.0; config_supported native").returncode == 0
     r = _lib("VLLM_VERSION=0.15.1; config_supported native")

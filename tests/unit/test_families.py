@@ -87,7 +87,7 @@ def test_sliding_window_hybrids_pack_their_groups_where_the_release_can(cfg, gro
     assert before.reason.startswith(FM.TITLES[FM.SLIDING_WINDOW])
 
 
-MLA_H100 = ("FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA")
+MLA_H100 = ("FLASH_ATTN_MLA", "TRITON_MLA")
 
 
 def test_mla_gets_one_cross_layer_tensor_where_the_release_names_mla_backends():

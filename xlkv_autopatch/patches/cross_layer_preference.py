@@ -20,7 +20,7 @@ How
     vLLM's guard accepts no MLA backend, although the five dense MLA backends already index
     their latent cache by the block stride (stride order (1, 0, 2, 3), which vLLM's
     OffloadingConnector relies on); under the flag the property answers True for the MLA
-    backends proven with xlkv on a GPU (releases.MLA_BACKENDS), and the others keep the
+    backends run with xlkv on a GPU (releases.MLA_BACKENDS), and the others keep the
     stock layout with a WARNING naming the backend.  A configuration that keeps the stock layout logs
     one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
     ``enable_cross_layers_blocks=false`` wins.
@@ -131,7 +131,7 @@ def native_wrapper(wrapped, instance, args, kwargs):
 
 def _mla_decision(getter, connector):
     """0.26-0.28, an MLA model the family rule gives cross-layer blocks (families.decide): use them
-    where the engine's MLA backend is one xlkv has proven (releases.MLA_BACKENDS) and indexes its
+    where the engine's MLA backend is one xlkv was run with on a GPU (releases.MLA_BACKENDS) and indexes its
     latent cache by the block stride (the backend's own ``indexes_kv_by_block_stride``, which vLLM's
     model runner checks again before allocating), with no Mamba group.  None: not such a model."""
     proven = facts.current().mla_cross_layer_backends
@@ -146,7 +146,7 @@ def _mla_decision(getter, connector):
     name = backend.get_name()
     if name not in proven:
         return layout.Decision(False, "MLA attention backend %s: keeps the stock layout (xlkv's MLA cross-layer "
-                                      "blocks are proven on %s only)" % (name, ", ".join(proven)))
+                                      "blocks were run on a GPU with %s only)" % (name, ", ".join(proven)))
     _, has_mamba, _groups = spec_names(config)
     if has_mamba:
         return layout.Decision(False, "MLA with Mamba KV cache groups: keeps the stock layout")
