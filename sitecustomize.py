@@ -28,10 +28,12 @@ def _activate():
     start("sitecustomize")
 
 
-def _chain():
-    """Import the sitecustomize this file shadows, if there is one."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    me = sys.modules.get(__name__)
+def chain(this_file=__file__, alias="xlkv_autopatch_chained_sitecustomize", who="xlkv_autopatch"):
+    """Import the sitecustomize that ``this_file`` (a sitecustomize.py being imported) shadows, if
+    there is one, and keep it in sys.modules as ``alias``.  The lab's negative-control hook
+    (experiments/negative_control/sitecustomize.py) chains through this function too."""
+    here = os.path.dirname(os.path.abspath(this_file))
+    me = sys.modules.get("sitecustomize")
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     sys.modules.pop("sitecustomize", None)
@@ -39,16 +41,17 @@ def _chain():
         import importlib
 
         nxt = importlib.import_module("sitecustomize")
-        sys.modules["xlkv_autopatch_chained_sitecustomize"] = nxt
+        sys.modules[alias] = nxt
     except ImportError:
         pass
     except Exception as e:
-        sys.stderr.write("xlkv_autopatch: chained sitecustomize failed (%s: %s)\n" % (type(e).__name__, e))
+        sys.stderr.write("%s: chained sitecustomize failed (%s: %s)\n" % (who, type(e).__name__, e))
     finally:
         sys.path[:] = saved
         if me is not None:
             sys.modules["sitecustomize"] = me
 
 
-_activate()
-_chain()
+if __name__ == "sitecustomize":  # not when another hook loads this file for chain()
+    _activate()
+    chain()

@@ -85,14 +85,6 @@ require_vllm() {
 # vLLM release staged in $SITE, from its package metadata ("" when there is none).
 site_version() { PYTHONPATH="$SITE" vllm_version || true; }
 
-# version_ge A B: true when release A >= release B (dev/local suffixes ignored).
-version_ge() {
-  local a=${1%%[!0-9.]*} b=${2%%[!0-9.]*}
-  a=${a%.}; b=${b%.}
-  [ "$(printf '%s\n%s\n' "$a" "$b" | sort -V | head -n1)" = "$b" ]
-}
-version_lt() { ! version_ge "$1" "$2"; }
-
 # ---------------------------------------------------------------- GPUs -----------------------
 # Sets NGPU and GPU_NAMES (newline separated) and GPU_SLUG ("2xH200").  Returns 1 when none.
 detect_gpus() {
@@ -259,12 +251,8 @@ config_supported() {
   case "$1" in
     stock|prefill_only) return 0 ;;
     shim) shim_supported ;;
-    native)
-      if version_ge "$VLLM_VERSION" 0.16; then return 0; fi
-      echo "native: vLLM's own cross-layer blocks exist from 0.16 on (enable_cross_layers_blocks 0.16-0.28, VLLM_KV_CACHE_LAYOUT=BLNHC 0.29+; this is $VLLM_VERSION)"; return 1 ;;
-    native-v1|stock-v1)
-      if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then return 0; fi
-      echo "$1: only meaningful on vLLM 0.22-0.28 (this is $VLLM_VERSION)"; return 1 ;;
+    native) release_gate native ;;
+    native-v1|stock-v1) release_gate runner-v1 || { echo "$1: only meaningful where that default is"; return 1; } ;;
     shim-keep-order|shim-ucx|shim-ids) shim_supported ;;
     shim-ray)
       if ! "$PY" -c 'import ray' 2>/dev/null; then
@@ -275,6 +263,10 @@ config_supported() {
     *) echo "unknown config '$1' (stock, shim, shim-keep-order, shim-ucx, shim-ray, shim-ids, native, native-v1, stock-v1, nc-<config>)"; return 1 ;;
   esac
 }
+
+# release_gate NAME: true when the staged vLLM ($VLLM_VERSION) has NAME (native, layouts, runner-v1),
+# else prints why not: pdtools/gates.py reads the shim's release table (no version typed here).
+release_gate() { pdtools gate "$1" "${VLLM_VERSION:-0}"; }
 
 # Does the shim support the staged vLLM?  Asks `python -m xlkv_autopatch status --json` with
 # the flag on.  From a source checkout neither the .pth hook nor the plugin entry point is
@@ -320,7 +312,7 @@ config_env() {
     shim-ray) CFG_ENV=(ENABLE_XLKV=true); CFG_D_ENV=(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV)
       CFG_D_ARGS=(--distributed-executor-backend ray) ;;
     native)
-      if version_ge "${VLLM_VERSION:-0}" 0.29; then CFG_ENV=(VLLM_KV_CACHE_LAYOUT=BLNHC)
+      if release_gate layouts > /dev/null; then CFG_ENV=(VLLM_KV_CACHE_LAYOUT=BLNHC)
       else CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; fi ;;
     native-v1) CFG_KV_EXTRA='{"enable_cross_layers_blocks": "true"}'; CFG_ENV=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
     stock-v1) CFG_ENV=(VLLM_USE_V2_MODEL_RUNNER=0) ;;
@@ -350,7 +342,7 @@ start_server() {
     envs+=(UCX_CUDA_IPC_ENABLE_GET_ZCOPY="$UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
   fi
   # Releases before 0.29 need the HND layout for NIXL (and for the cross-layer path).
-  if version_lt "$VLLM_VERSION" 0.29; then envs+=(VLLM_KV_CACHE_LAYOUT="${KV_LAYOUT:-HND}"); fi
+  if ! release_gate layouts > /dev/null; then envs+=(VLLM_KV_CACHE_LAYOUT="${KV_LAYOUT:-HND}"); fi
   envs+=("${CFG_ENV[@]}")
   case "$name" in D*)
     envs+=("${CFG_D_ENV[@]}")

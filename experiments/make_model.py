@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write a random-weight causal LM of one of a few model families (``--arch``) and a word-level tokenizer.
 
-Families (``ARCHS`` below is the one table of their shapes; ``--layers``/``--kv-heads``/``--head-dim``
-override it):
+Families (``ARCHS``, the "gpu" entries of experiments/model_shapes.py, the lab's one table of
+model shapes; ``--layers``/``--kv-heads``/``--head-dim`` override it):
 
   qwen3        (default) Qwen3-0.6B: dense GQA, 28 layers, 8 KV heads, head_dim 128 (the model
                of every earlier run; same config and weights as before ``--arch`` existed)
@@ -53,57 +53,14 @@ import sys
 
 UNK, EOS = "<unk>", "<eos>"
 
-# Qwen3-0.6B (config.json of Qwen/Qwen3-0.6B), with a smaller vocabulary that matches the
-# word-level tokenizer below.
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    hidden_act="silu",
-    tie_word_embeddings=True,
-    attention_bias=False,
-)
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import model_shapes  # noqa: E402  (the lab's one table of model shapes)
 
-# The families: transformers config class, model class (vLLM's architecture name), its fields, and which of them --layers, --kv-heads and
-# --head-dim set ("layers"/"kv_heads"/"head_dim": the field name, None where the family has none).
-# One table; issue 35 merges it with the CPU harness's shapes (experiments/cpu/pdharness/model.py).
-ARCHS = {
-    "qwen3": dict(config="Qwen3Config", model="Qwen3ForCausalLM", fields=QWEN3_0_6B,
-                  layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim"),
-    "mqa": dict(config="Qwen3Config", model="Qwen3ForCausalLM", fields=dict(QWEN3_0_6B, num_key_value_heads=1),
-                layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim"),
-    # DeepSeek-V2-Lite (config.json of deepseek-ai/DeepSeek-V2-Lite): its attention and widths, 8
-    # layers, every MLP dense (first_k_dense_replace follows --layers; n_routed_experts stays set:
-    # vLLM's DeepseekV2ForCausalLM builds its expert weight mapping from it); no rope scaling
-    "deepseek_v2": dict(config="DeepseekV2Config", model="DeepseekV2ForCausalLM", fields=dict(
-        hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=8,
-        num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
-        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64,
-        n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=8, moe_layer_freq=1,
-        n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
-        max_position_embeddings=40960, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
-        tie_word_embeddings=False, attention_bias=False),
-        layers="num_hidden_layers", kv_heads=None, head_dim=None, dense_replace="first_k_dense_replace"),
-    # Gemma 3 (text): Gemma-3-4B's widths, 12 layers, 5 sliding : 1 full, window 256.  The output
-    # head is untied (Gemma ties it to the embedding): with random weights a tied head makes the
-    # model repeat the last prompt token whatever the context (model_check.py, 3 and 6 layers:
-    # 1 distinct id in 16, no position changes with the context; untied: every one varies).  The
-    # KV cache does not depend on it.
-    "gemma3": dict(config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
-        hidden_size=2560, intermediate_size=10240, num_hidden_layers=12, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=256,
-        sliding_window_pattern=6, max_position_embeddings=40960, rope_theta=1000000.0,
-        rope_local_base_freq=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
-        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=False,
-        attention_bias=False),
-        layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=6),
-}
+QWEN3_0_6B = model_shapes.QWEN3_0_6B
+# The families (model_shapes.SHAPES, their "gpu" entries): transformers config class, model class
+# (vLLM's architecture name), its fields, and which of them --layers, --kv-heads and --head-dim set.
+ARCHS = model_shapes.GPU
 
 
 def arch_fields(arch, layers=None, kv_heads=None, head_dim=None):

@@ -57,7 +57,7 @@ require_vllm
 ensure_model
 if [ -z "${CONFIGS:-}" ]; then
   CONFIGS="stock shim native"
-  if version_ge "$VLLM_VERSION" 0.22 && version_lt "$VLLM_VERSION" 0.29; then CONFIGS+=" native-v1"; fi
+  if release_gate runner-v1 > /dev/null; then CONFIGS+=" native-v1"; fi
 fi
 # P/D configs on a shared GPU would time the wrong path (lib.sh bench_gpus_ok): refuse before any
 # server starts; prefill_only (P alone) is fine.  BENCH_ALLOW_SHARED_GPU=1 runs them anyway.

@@ -22,6 +22,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(os.path.dirname(HERE))
+from pdtools.gates import gate  # noqa: E402  (the release gates: xlkv_autopatch/releases.py)
 HARNESS = os.path.join(HERE, "pd_harness.py")
 FAMILIES = ("mla", "swa", "mqa", "dense")
 CONFIGS = ("stock", "native", "xlkv")
@@ -33,15 +35,16 @@ def release(python):
     return out, tuple(int(x) for x in out.split(".")[:2])
 
 
-def config_args(config, rel):
-    """Harness arguments and environment of one config on release ``rel`` (None: n/a)."""
+def config_args(config, version):
+    """Harness arguments and environment of one config on vLLM ``version`` (None: n/a); vLLM's own
+    setting is the release table's (pdtools/gates.py)."""
     if config == "stock":
         return [], {}
     if config == "xlkv":
         return [], {"ENABLE_XLKV": "true"}
-    if rel >= (0, 29):
+    if gate("layouts", version)[0]:
         return ["--env", "VLLM_KV_CACHE_LAYOUT=BLNHC"], {}
-    if rel >= (0, 16):
+    if gate("native", version)[0]:
         return ["--native-opt-in"], {}
     return None
 
@@ -81,7 +84,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.collect:
         return collect(args)
-    ver, rel = release(args.python)
+    ver, _ = release(args.python)
     chosen = "".join(" --family " + f for f in args.family or ()) + "".join(" --config " + c for c in args.config or ())
     ports = " ".join("%s=%s" % (k, os.environ[k]) for k in ("XLKV_P_PORT", "XLKV_D_PORT", "XLKV_SETUP_TIMEOUT")
                      if os.environ.get(k))
@@ -93,7 +96,7 @@ def main(argv=None):
     os.makedirs(work, exist_ok=True)
     for fam in args.family or FAMILIES:
         for cfg in args.config or CONFIGS:
-            ca = config_args(cfg, rel)
+            ca = config_args(cfg, ver)
             if ca is None:
                 res["runs"].setdefault(fam, {})[cfg] = {"n/a": "vLLM %s has no cross-layer setting" % ver}
                 continue

@@ -21,6 +21,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(os.path.dirname(HERE))
+from pdtools.gates import gate  # noqa: E402  (the release gates: xlkv_autopatch/releases.py)
+
 CASES = ["--case", "reversed", "--case", "interleaved", "--case", "shared"]
 
 
@@ -30,7 +33,7 @@ NAMES = ("stock", "keep_order", "ordered")
 
 def runs(version):
     """name -> (harness arguments, environment) for vLLM ``version``."""
-    stock_layout = "LBHNC" if tuple(int(x) for x in version.split(".")[:2]) >= (0, 29) else "NHD"
+    stock_layout = "LBHNC" if gate("layouts", version)[0] else "NHD"
     flag = {"ENABLE_XLKV": "true", "VLLM_KV_CACHE_LAYOUT": stock_layout}
     table = {"stock": {}, "keep_order": dict(flag, XLKV_COALESCE="false"), "ordered": flag}
     return {name: (["--family", "dense"] + CASES, table[name]) for name in NAMES}

@@ -28,25 +28,22 @@ def _arm():
 
 
 def _chain():
-    """Import the sitecustomize this file shadows, if there is one."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    me = sys.modules.get(__name__)
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    sys.modules.pop("sitecustomize", None)
+    """Import the sitecustomize this file shadows, through the checkout's own chain() (the
+    checkout's sitecustomize.py, two folders up, loaded under another name so that it neither
+    activates the shim nor chains here: the chained one does that where it is next on sys.path)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        import importlib
+        import importlib.util
 
-        nxt = importlib.import_module("sitecustomize")
-        sys.modules["xlkv_negative_control_chained_sitecustomize"] = nxt
-    except ImportError:
-        pass
-    except Exception as e:
-        sys.stderr.write("xlkv negative control: chained sitecustomize failed (%s: %s)\n" % (type(e).__name__, e))
-    finally:
-        sys.path[:] = saved
-        if me is not None:
-            sys.modules["sitecustomize"] = me
+        spec = importlib.util.spec_from_file_location("xlkv_checkout_sitecustomize_chain",
+                                                      os.path.join(root, "sitecustomize.py"))
+        checkout = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(checkout)
+    except Exception as e:  # say it: the shim's activation behind this hook would be skipped
+        sys.stderr.write("xlkv negative control: cannot load the checkout's sitecustomize chain (%s: %s)\n"
+                         % (type(e).__name__, e))
+        return
+    checkout.chain(__file__, "xlkv_negative_control_chained_sitecustomize", "xlkv negative control")
 
 
 _arm()

@@ -29,6 +29,7 @@ import sys
 import time
 
 from .client import http_text
+from .gates import GATES, gate
 from .equivalence import equiv_run, render_equivalence, summarize_equivalence
 from .kvmetrics import (NotDense, aggregate_kv, attention_backend, blocks_for_prompt, descriptors_per_block, kv_run,
                         kv_summary, load_registration, model_block_bytes, model_family, parse_prom, read_kv_lines,
@@ -312,6 +313,11 @@ def main(argv=None):
     s = sub.add_parser("backend", help="prints the attention backend a vLLM server log names (or nothing)")
     s.add_argument("log")
 
+    s = sub.add_parser("gate", help="exit 0 when vLLM VERSION has NAME (gates.py: the shim's release table), "
+                                    "else print why not and exit 1")
+    s.add_argument("name", choices=sorted(GATES))
+    s.add_argument("version")
+
     a = p.parse_args(argv)
     if a.cmd == "prompt":
         print(prompt_text(a.n, a.seed))
@@ -353,4 +359,9 @@ def main(argv=None):
         print(corruption_description(a.how))
     elif a.cmd == "backend":
         print(attention_backend(a.log) or "")
+    elif a.cmd == "gate":
+        ok, why = gate(a.name, a.version)
+        if not ok:
+            print(why)
+            return 1
     return 0

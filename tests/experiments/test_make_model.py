@@ -125,3 +125,23 @@ def test_qwen3_is_the_default_and_an_old_marker_counts_as_qwen3(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(tmp_path)], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "model already there" in r.stdout
+
+
+def test_one_table_of_model_shapes_serves_the_gpu_models_and_the_cpu_harness():
+    """Issue 35 item 3: make_model.py's architectures and the CPU harness's families are the two
+    entries of each row of experiments/model_shapes.py, not two tables."""
+    sys.path.insert(0, EXP)
+    sys.path.insert(0, os.path.join(EXP, "cpu"))
+    import make_model
+    import model_shapes
+    from pdharness import model as harness_model
+
+    assert make_model.ARCHS is model_shapes.GPU and harness_model.FAMILIES is model_shapes.HARNESS
+    assert set(model_shapes.SHAPES) == {"dense", "mqa", "mla", "swa"}
+    for name, row in model_shapes.SHAPES.items():
+        assert model_shapes.FAMILY_OF_ARCH[row["gpu"]["arch"]] == name
+        # the same kind of attention on both sides: MLA rows carry a latent cache, hybrids a window
+        gpu, cpu = row["gpu"]["fields"], row["harness"]
+        assert ("kv_lora_rank" in gpu) == ("mla" in cpu["layers"]) == (cpu["arch"] == "deepseek_v2")
+        assert ("sliding_window" in gpu) == ("sliding" in cpu["layers"])
+        assert (gpu.get("num_key_value_heads") == 1) == (name == "mqa") == (cpu["kv_heads"] == 1 and name != "mla")

@@ -10,6 +10,7 @@ They need aiohttp in the test interpreter; ports 18xxx-19xxx on 127.0.0.1.
 import glob
 import json
 import os
+import re
 import socket
 import shutil
 import subprocess
@@ -46,11 +47,40 @@ def _lib(snippet, **env):
                           capture_output=True, text=True, env=e, timeout=60)
 
 
-@pytest.mark.parametrize("a,b,ge", [("0.21.0", "0.16", True), ("0.15.1", "0.16", False), ("0.29.0", "0.29", True),
-                                    ("0.28.2", "0.29", False), ("0.21.1.dev12+g1234", "0.21.1", True),
-                                    ("0.9.2", "0.16", False), ("0.100.0", "0.29", True)])
-def test_version_ge(a, b, ge):
-    assert (_lib('version_ge "%s" "%s"' % (a, b)).returncode == 0) is ge
+@pytest.mark.parametrize("version,name,has", [
+    ("0.15.1", "native", False), ("0.16.0", "native", True), ("0.33.0", "native", True),
+    ("0.28.2", "layouts", False), ("0.29.0", "layouts", True), ("0.100.0", "layouts", True),
+    ("0.21.1", "runner-v1", False), ("0.22.0", "runner-v1", True), ("0.28.0", "runner-v1", True),
+    ("0.29.0", "runner-v1", False), ("0.9.2", "native", False)])
+def test_release_gate_reads_the_shims_release_table(version, name, has):
+    """Issue 35: the lab's release gates come from xlkv_autopatch/releases.py (pdtools gate), so a
+    boundary is written once; a release without the thing says which releases have it."""
+    r = _lib('VLLM_VERSION=%s; release_gate %s' % (version, name))
+    assert (r.returncode == 0) is has, (r.stdout, r.stderr)
+    if not has:
+        assert "vLLM %s lacks" % version in r.stdout and "releases.py" in r.stdout, r.stdout
+
+
+#: lines of the lab (not its environment builders) that compare a vLLM version with a literal
+VERSION_LITERAL = re.compile(r"version_(ge|lt)\b|(>=?|<=?)\s*\(0,\s*\d+")
+
+
+def test_no_release_boundary_is_typed_in_the_lab():
+    """Issue 35 done-when: every release gate of the lab reads releases.py; the environment builders
+    (bundle.sh, cpu/mkenv.sh) and the probes may name versions."""
+    skip = {"bundle.sh", "mkenv.sh"}
+    found = []
+    for dirpath, dirnames, files in os.walk(EXP):
+        dirnames[:] = [d for d in dirnames if d not in ("results", "probes", "__pycache__", "upstream")]
+        for name in files:
+            if name in skip or not name.endswith((".sh", ".py")):
+                continue
+            path = os.path.join(dirpath, name)
+            for n, line in enumerate(open(path), 1):
+                code = line.split("#", 1)[0]
+                if VERSION_LITERAL.search(code):
+                    found.append("%s:%d: %s" % (os.path.relpath(path, EXP), n, line.strip()))
+    assert found == [], "\n".join(found)
 
 
 @pytest.mark.parametrize("ngpu,tp_p,tp_d,expect", [

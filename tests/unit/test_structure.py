@@ -154,3 +154,32 @@ def test_test_files_have_distinct_basenames():
         assert path.name not in seen, (path, seen[path.name])
         seen[path.name] = path
     assert len(seen) > 30
+
+
+#: the lab's importable names (experiments/: its package, its modules, the harness's and the hook's)
+LAB_NAMES = {"experiments", "pdtools", "pdharness", "model_shapes", "make_model", "pd_proxy", "report",
+             "wire_copy", "families_matrix", "one_kv_head", "stock_layout_order", "pd_harness",
+             "xlkv_negative_control", "model_check"}
+
+
+def _lab_imports(source):
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [n for n in names if n.split(".")[0] in LAB_NAMES]
+    return found
+
+
+def test_the_product_never_imports_the_lab():
+    """Issue 35 item 4: the lab (experiments/) imports the product, never the other way round."""
+    found = {}
+    for folder, _, names in os.walk(PKG):
+        for fname in names:
+            if fname.endswith(".py"):
+                path = os.path.join(folder, fname)
+                hits = _lab_imports(open(path).read())
+                if hits:
+                    found[os.path.relpath(path, os.path.dirname(PKG))] = hits
+    assert found == {}
+    assert _lab_imports("import os\nfrom pdtools.gates import gate\n") == ["pdtools.gates"]  # the check sees one

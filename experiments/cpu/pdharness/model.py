@@ -1,4 +1,4 @@
-"""The harness model: one small model per FAMILY, every shape fact in the table below.
+"""The harness model: one small model per FAMILY, every shape fact in experiments/model_shapes.py.
 
 ``--family`` picks the row once per process (in the parent and in every rank worker:
 ``set_family``), and ``--kv-heads`` may override its KV heads; so read the module's
@@ -17,18 +17,16 @@ model's attention layers would):
 """
 import json
 import os
+import sys
 
-# one row per family; "layers" lists each layer's attention kind in model order
-FAMILIES = {
-    "dense": {"arch": "llama", "layers": ["full"] * 4, "kv_heads": 2, "head_dim": 64},
-    "mqa": {"arch": "llama", "layers": ["full"] * 4, "kv_heads": 1, "head_dim": 64},
-    "mla": {"arch": "deepseek_v2", "layers": ["mla"] * 4, "kv_heads": 1,
-            "kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 512 + 64},
-    # max_model_len 256: the planner checks that one request of max_model_len fits the 40
-    # blocks of the pool (the full-attention group alone takes max_model_len / 16 of them)
-    "swa": {"arch": "gpt_oss", "layers": ["sliding", "full"] * 3, "kv_heads": 2, "head_dim": 64,
-            "sliding_window": 32, "max_model_len": 256},
-}
+# one row per family (the "harness" entries of experiments/model_shapes.py, the lab's one table of
+# model shapes); "layers" lists each layer's attention kind in model order
+_EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _EXPERIMENTS not in sys.path:  # last: the lab's folder must shadow nothing of the vLLM process
+    sys.path.append(_EXPERIMENTS)
+import model_shapes  # noqa: E402
+
+FAMILIES = model_shapes.HARNESS
 FAMILY_NAMES = list(FAMILIES)
 
 FAMILY = "dense"

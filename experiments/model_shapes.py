@@ -1,0 +1,86 @@
+"""The lab's model shapes, one row per model family: the CPU harness's small model and the
+random-weight model generated for GPU runs.  Standard library only (the harness's rank workers
+import it inside a vLLM environment, make_model.py on a GPU machine).
+
+A row's ``harness`` entry is what ``experiments/cpu/pdharness/model.py`` builds KV cache specs
+from (``--family NAME``): the architecture it writes into a config folder, each layer's
+attention kind in model order ("full", "sliding", "mla"), KV heads, head size, sliding window and
+max_model_len.  Its ``gpu`` entry is what ``experiments/make_model.py --arch ARCH`` writes: the
+transformers config and model class, the config fields, and which fields ``--layers``,
+``--kv-heads`` and ``--head-dim`` set (None where the family has none).  Adding a family (or a
+shape to one) is one row here; both tools read it.
+"""
+
+# Qwen3-0.6B (config.json of Qwen/Qwen3-0.6B), with a smaller vocabulary that matches
+# make_model.py's word-level tokenizer.
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    tie_word_embeddings=True,
+    attention_bias=False,
+)
+
+SHAPES = {
+    # dense GQA: the harness's tiny Llama (the original shape), Qwen3-0.6B on GPUs
+    "dense": dict(
+        harness=dict(arch="llama", layers=["full"] * 4, kv_heads=2, head_dim=64),
+        gpu=dict(arch="qwen3", config="Qwen3Config", model="Qwen3ForCausalLM", fields=QWEN3_0_6B,
+                 layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim")),
+    # one KV head (TP 1 reaches the one-KV-head-per-rank registration)
+    "mqa": dict(
+        harness=dict(arch="llama", layers=["full"] * 4, kv_heads=1, head_dim=64),
+        gpu=dict(arch="mqa", config="Qwen3Config", model="Qwen3ForCausalLM",
+                 fields=dict(QWEN3_0_6B, num_key_value_heads=1),
+                 layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim")),
+    # MLA, DeepSeek-V2-shaped: one latent cache per layer (kv_lora_rank 512 + qk_rope_head_dim 64 =
+    # 576 per token, no K/V split).  GPU: DeepSeek-V2-Lite (config.json of deepseek-ai/DeepSeek-V2-Lite):
+    # its attention and widths, 8 layers, every MLP dense (first_k_dense_replace follows --layers;
+    # n_routed_experts stays set: vLLM's DeepseekV2ForCausalLM builds its expert weight mapping from
+    # it); no rope scaling
+    "mla": dict(
+        harness=dict(arch="deepseek_v2", layers=["mla"] * 4, kv_heads=1, kv_lora_rank=512, qk_rope_head_dim=64,
+                     head_dim=512 + 64),
+        gpu=dict(arch="deepseek_v2", config="DeepseekV2Config", model="DeepseekV2ForCausalLM", fields=dict(
+            hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+            qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64,
+            n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=8, moe_layer_freq=1,
+            n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+            max_position_embeddings=40960, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
+            tie_word_embeddings=False, attention_bias=False),
+            layers="num_hidden_layers", kv_heads=None, head_dim=None, dense_replace="first_k_dense_replace")),
+    # sliding-window + full attention hybrid.  Harness: gpt-oss-shaped, 6 layers alternating
+    # sliding-window (window 32 tokens = 2 blocks) and full attention, 2 KV heads x 64; max_model_len
+    # 256: the planner checks that one request of max_model_len fits the 40 blocks of the pool (the
+    # full-attention group alone takes max_model_len / 16 of them).  GPU: Gemma 3 (text), Gemma-3-4B's
+    # widths, 12 layers, 5 sliding : 1 full, window 256.  The output head is untied (Gemma ties it to
+    # the embedding): with random weights a tied head makes the model repeat the last prompt token
+    # whatever the context (model_check.py, 3 and 6 layers: 1 distinct id in 16, no position changes
+    # with the context; untied: every one varies).  The KV cache does not depend on it.
+    "swa": dict(
+        harness=dict(arch="gpt_oss", layers=["sliding", "full"] * 3, kv_heads=2, head_dim=64, sliding_window=32,
+                     max_model_len=256),
+        gpu=dict(arch="gemma3", config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
+            hidden_size=2560, intermediate_size=10240, num_hidden_layers=12, num_attention_heads=8,
+            num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, sliding_window=256,
+            sliding_window_pattern=6, max_position_embeddings=40960, rope_theta=1000000.0,
+            rope_local_base_freq=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=False,
+            attention_bias=False),
+            layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=6)),
+}
+
+#: the harness's shapes by family name (pd_harness.py --family)
+HARNESS = {name: row["harness"] for name, row in SHAPES.items()}
+#: the GPU models' shapes by architecture name (make_model.py --arch, MODEL_ARCH in lib.sh)
+GPU = {row["gpu"]["arch"]: row["gpu"] for row in SHAPES.values()}
+#: family of each GPU architecture name
+FAMILY_OF_ARCH = {row["gpu"]["arch"]: name for name, row in SHAPES.items()}
