@@ -146,7 +146,7 @@ class NetnsPair:
         self.events.append((round(time.time() - self.t0, 3), "up" if up else "down"))
 
     def throttle(self, rate):
-        """Limits P's egress (the blocks D reads) to ``rate`` (tc tbf, e.g. "1mbit")."""
+        """Limits P's egress (the blocks D reads) to ``rate`` (tc tbf, e.g. "256kbit")."""
         subprocess.run(["ip", "netns", "exec", self.ns["p"], "tc", "qdisc", "add", "dev", self.dev["p"],
                         "root", "tbf", "rate", rate, "burst", "16kb", "latency", "5s"],
                        check=True, capture_output=True, timeout=30)
