@@ -73,12 +73,22 @@ def _kv_cache_config(connector):
     return getattr(connector, "kv_cache_config", None) or getattr(connector, "_kv_cache_config", None)
 
 
-def _extra_guards(connector):
-    """Exclusions upstream's property leaves to other layers: the model's family (MLA,
-    sparse MLA, Mamba, sliding-window hybrids with several KV cache groups before 0.24:
+def _engine_model(connector):
+    """families.decide for the connector's engine, with the KV cache groups vLLM planned (None
+    without a model config)."""
+    return _model.decision(connector._vllm_config,
+                           kv_cache_groups=_model.kv_cache_group_count(_kv_cache_config(connector)))
+
+
+def _property_module(getter, connector):
+    """The module whose globals vLLM's property reads (``get_current_attn_backend``, ...)."""
+    return sys.modules[getattr(getter, "__module__", None) or type(connector).__module__]
+
+
+def _extra_guards(connector, model):
+    """Exclusions upstream's property leaves to other layers: the model's family (``model``:
+    MLA, sparse MLA, Mamba, sliding-window hybrids with several KV cache groups before 0.24:
     families.decide), host buffer."""
-    model = _model.decision(connector._vllm_config,
-                            kv_cache_groups=_model.kv_cache_group_count(_kv_cache_config(connector)))
     if model is not None and not model.cross_layer:
         return layout.Decision(False, model.reason)
     worker = getattr(connector, "connector_worker", None)
@@ -87,7 +97,7 @@ def _extra_guards(connector):
     return layout.Decision(True, "")
 
 
-def _packed_by_the_planner(connector):
+def _packed_by_the_planner(connector, model):
     """0.24-0.28: a sliding-window hybrid with several KV cache groups, which the planner packs
     (packed_kv_cache_config.py); one cross-layer tensor is not its layout."""
     if not facts.current().packed_groups:
@@ -95,7 +105,6 @@ def _packed_by_the_planner(connector):
     groups = _model.kv_cache_group_count(_kv_cache_config(connector))
     if not isinstance(groups, int) or groups < 2:
         return False
-    model = _model.decision(connector._vllm_config, kv_cache_groups=groups)
     return model is not None and model.family == families.SLIDING_WINDOW and model.cross_layer
 
 
@@ -105,13 +114,14 @@ def native_wrapper(wrapped, instance, args, kwargs):
     if explicit is not None and str(explicit).strip().lower() != "true":
         fallback("explicit-opt-out", "kv_connector_extra_config sets %s=%s" % (OPT_IN, explicit))
         return wrapped(*args, **kwargs)
-    if _packed_by_the_planner(instance):
+    model = _engine_model(instance)
+    if _packed_by_the_planner(instance, model):
         return wrapped(*args, **kwargs)  # one tensor cannot hold several groups: vLLM's own answer, no WARNING
-    extra = _extra_guards(instance)
+    extra = _extra_guards(instance, model)
     if not extra.use:
         fallback(extra.reason, extra.reason)
         return False
-    mla = _mla_decision(wrapped, instance)
+    mla = _mla_decision(wrapped, instance, model)
     if mla is not None:  # 0.26-0.28, MLA: vLLM's own guard has no MLA backend (module docstring)
         if not mla.use:
             fallback(mla.reason, mla.reason)
@@ -129,25 +139,20 @@ def native_wrapper(wrapped, instance, args, kwargs):
     return result
 
 
-def _mla_decision(getter, connector):
-    """0.26-0.28, an MLA model the family rule gives cross-layer blocks (families.decide): use them
+def _mla_decision(getter, connector, model):
+    """0.26-0.28, an MLA ``model`` the family rule gives cross-layer blocks (families.decide): use them
     where the engine's MLA backend is one xlkv was run with on a GPU (releases.MLA_BACKENDS) and indexes its
     latent cache by the block stride (the backend's own ``indexes_kv_by_block_stride``, which vLLM's
     model runner checks again before allocating), with no Mamba group.  None: not such a model."""
-    proven = facts.current().mla_cross_layer_backends
-    if not proven:
+    backends = facts.current().mla_cross_layer_backends
+    if not backends or model is None or model.family != families.MLA or not model.cross_layer:
         return None
-    config = _kv_cache_config(connector)
-    model = _model.decision(connector._vllm_config, kv_cache_groups=_model.kv_cache_group_count(config))
-    if model is None or model.family != families.MLA or not model.cross_layer:
-        return None
-    module = sys.modules[getattr(getter, "__module__", None) or type(connector).__module__]
-    backend = module.get_current_attn_backend(connector._vllm_config)
+    backend = _property_module(getter, connector).get_current_attn_backend(connector._vllm_config)
     name = backend.get_name()
-    if name not in proven:
+    if name not in backends:
         return layout.Decision(False, "MLA attention backend %s: keeps the stock layout (xlkv's MLA cross-layer "
-                                      "blocks were run on a GPU with %s only)" % (name, ", ".join(proven)))
-    _, has_mamba, _groups = spec_names(config)
+                                      "blocks were run on a GPU with %s only)" % (name, ", ".join(backends)))
+    _, has_mamba, _groups = spec_names(_kv_cache_config(connector))
     if has_mamba:
         return layout.Decision(False, "MLA with Mamba KV cache groups: keeps the stock layout")
     indexes = getattr(backend, "indexes_kv_by_block_stride", None)
@@ -165,10 +170,9 @@ def _native_refusal(getter, connector):
     generic = ("vLLM's cross-layer guards refused (backend not in %s, KV layout not HND, or a Mamba/hybrid model)"
                % ", ".join(backends))
     try:
-        module = sys.modules[getattr(getter, "__module__", None) or type(connector).__module__]
+        module = _property_module(getter, connector)
         backend = module.get_current_attn_backend(connector._vllm_config).get_name()
-        _, has_mamba, _groups = spec_names(getattr(connector, "kv_cache_config", None)
-                                           or getattr(connector, "_kv_cache_config", None))
+        _, has_mamba, _groups = spec_names(_kv_cache_config(connector))
         decision = layout.cross_layer_decision(
             backend=backend, kv_layout=module.get_kv_cache_layout(), allowed_backends=backends,
             has_mamba=has_mamba, env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"))
