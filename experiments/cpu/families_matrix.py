@@ -32,7 +32,7 @@ CONFIGS = ("stock", "native", "xlkv")
 def release(python):
     out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
                          capture_output=True, text=True, check=True).stdout.strip()
-    return out, tuple(int(x) for x in out.split(".")[:2])
+    return out
 
 
 def config_args(config, version):
@@ -84,7 +84,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.collect:
         return collect(args)
-    ver, _ = release(args.python)
+    ver = release(args.python)
     chosen = "".join(" --family " + f for f in args.family or ()) + "".join(" --config " + c for c in args.config or ())
     ports = " ".join("%s=%s" % (k, os.environ[k]) for k in ("XLKV_P_PORT", "XLKV_D_PORT", "XLKV_SETUP_TIMEOUT")
                      if os.environ.get(k))
@@ -127,7 +127,7 @@ def main(argv=None):
 
 
 def collect(args):
-    ver, _ = release(args.python)
+    ver = release(args.python)
     res = {"vllm": ver, "date": time.strftime("%Y-%m-%d"),
            "command": "python experiments/cpu/families_matrix.py --python ENV_PYTHON --out %s --collect ..."
                       % args.out, "runs": {}}

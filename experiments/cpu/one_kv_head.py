@@ -77,7 +77,7 @@ def main(argv=None, runs=None, script="experiments/cpu/one_kv_head.py", doc=__do
     ap.add_argument("--setup-timeout", type=float, default=400)
     args = ap.parse_args(argv)
     fm = _families_matrix()
-    ver, _ = fm.release(args.python)
+    ver = fm.release(args.python)
     if callable(runs):
         runs = runs(ver)
     res = json.load(open(args.out)) if os.path.exists(args.out) and args.run else {"runs": {}}
