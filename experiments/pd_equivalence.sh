@@ -38,6 +38,9 @@
 # EQ_LOGPROB_TOL, default 0), every negative control must be told apart from it, and local
 # prefill's difference from it is recorded as vLLM's (local_vs_pd_stock), not failing.  It needs
 # stock in EQ_CONFIGS (or EQ_INCLUDE).  EQ_REFERENCE=local or pd-stock forces one.
+# EQ_REFERENCE=pd-stock-v1 (0.22-0.28): the same with stock-v1 as the baseline, stock P/D on the
+# Model Runner V1 that the shim switches to, so the comparison isolates the layout; a stock run
+# (vLLM's default runner) is then recorded beside it, not failing.
 #
 # Bytes per block id: from D's registration report (lib.sh REG_REPORT=1, the default: the
 # negative_control/ import hook on D's PYTHONPATH writes what vLLM registered, every config),
@@ -106,8 +109,8 @@ fragment() {
 case "$EQ_BATCH_INVARIANT" in auto|0|1) ;;
   *) echo "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '$EQ_BATCH_INVARIANT')" >&2; exit 2 ;;
 esac
-case "$EQ_REFERENCE" in auto|local|pd-stock) ;;
-  *) echo "EQ_REFERENCE must be auto, local or pd-stock (got '$EQ_REFERENCE')" >&2; exit 2 ;;
+case "$EQ_REFERENCE" in auto|local|pd-stock|pd-stock-v1) ;;
+  *) echo "EQ_REFERENCE must be auto, local, pd-stock or pd-stock-v1 (got '$EQ_REFERENCE')" >&2; exit 2 ;;
 esac
 
 setup_env
@@ -121,9 +124,10 @@ if [ "$EQ_REFERENCE" = auto ]; then
 else
   log "reference: $EQ_REFERENCE"
 fi
-if [ "$EQ_REFERENCE" = pd-stock ]; then
-  case " $EQ_CONFIGS ${EQ_INCLUDE:-} " in *" stock "*) ;;
-    *) die "$EXIT_SETUP" "EQ_REFERENCE=pd-stock compares with stock P/D: put stock in EQ_CONFIGS (or EQ_INCLUDE from an earlier call)" ;;
+if [ "${EQ_REFERENCE#pd-}" != "$EQ_REFERENCE" ]; then
+  ref_cfg=${EQ_REFERENCE#pd-}
+  case " $EQ_CONFIGS ${EQ_INCLUDE:-} " in *" $ref_cfg "*) ;;
+    *) die "$EXIT_SETUP" "EQ_REFERENCE=$EQ_REFERENCE compares with $ref_cfg P/D: put $ref_cfg in EQ_CONFIGS (or EQ_INCLUDE from an earlier call)" ;;
   esac
 fi
 # A fresh start, except the files of the configs EQ_INCLUDE takes from an earlier call

@@ -30,7 +30,7 @@ import time
 
 from .client import http_text
 from .gates import GATES, gate
-from .equivalence import equiv_run, render_equivalence, summarize_equivalence
+from .equivalence import REFERENCES, equiv_run, render_equivalence, summarize_equivalence
 from .kvmetrics import (NotDense, aggregate_kv, attention_backend, blocks_for_prompt, descriptors_per_block, kv_run,
                         kv_summary, load_registration, model_block_bytes, model_family, parse_prom, read_kv_lines,
                         registration_bytes_per_block)
@@ -242,7 +242,7 @@ def main(argv=None):
     s.add_argument("--logprob-tol", type=float, default=0.0,
                    help="default kernels: how much more a P/D config's logprobs may differ than stock P/D's")
     s.add_argument("--corruption", help="what the negative-control hook did (recorded)")
-    s.add_argument("--reference", choices=("local", "pd-stock"), default="local",
+    s.add_argument("--reference", choices=REFERENCES, default="local",
                    help="baseline: local prefill (default) or stock P/D (families where vLLM's own P/D "
                         "differs from local prefill)")
     s.add_argument("runs", nargs="+")

@@ -25,7 +25,10 @@ hybrids): for families where vLLM's own P/D, stock too, differs from local prefi
 0.33.0 / H100 with ``VLLM_BATCH_INVARIANT=1``), the baseline is stock P/D: every P/D run's ids
 must equal it and its logprobs too (max |difference| <= ``logprob_tol``, default 0), each negative
 control must be told apart from it, and local prefill's difference from stock P/D is recorded
-(``local_vs_pd_stock``) as vLLM's own, not failing.
+(``local_vs_pd_stock``) as vLLM's own, not failing.  Reference ``pd-stock-v1`` is the same with
+stock P/D on Model Runner V1 (config ``stock-v1``) as the baseline, the runner the shim switches to
+on 0.22-0.28: a ``pd:stock`` run (vLLM's default runner) is then recorded
+(``other_runner_vs_reference``), not failing.
 """
 
 import json
@@ -249,7 +252,9 @@ def _moved_kv(kv):
     return bool(kv) and kv.get("transfers", 0) > 0 and (kv.get("bytes") or 0) > 0
 
 
-REFERENCES = ("local", "pd-stock")
+#: "pd-stock-v1": stock P/D on Model Runner V1 (``stock-v1``), the runner the shim switches to on
+#: 0.22-0.28, so that a family's comparison isolates the layout from the runner's own difference
+REFERENCES = ("local", "pd-stock", "pd-stock-v1")
 
 
 def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_tol=0.0, corruption=None,
@@ -263,12 +268,13 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
     labels = list(runs)
     real = [l for l in labels if not is_negative_control(l.split(":", 1)[-1])]
     controls = [l for l in labels if l not in real]
-    pd_ref = reference == "pd-stock"
+    pd_ref = reference.startswith("pd-")
     ref_problems = []
     if pd_ref:
-        base_label = "pd:stock"
+        base_label = "pd:" + reference[len("pd-"):]
         if base_label not in runs:
-            ref_problems.append("reference pd-stock: no pd:stock run (put stock in EQ_CONFIGS or EQ_INCLUDE)")
+            ref_problems.append("reference %s: no %s run (put %s in EQ_CONFIGS or EQ_INCLUDE)"
+                                % (reference, base_label, base_label[len("pd:"):]))
             base_label = next((l for l in real if l.startswith("pd:")), real[0] if real else labels[0])
     else:
         base_label = next((l for l in real if l.startswith("local:")), real[0] if real else labels[0])
@@ -276,13 +282,19 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
     rows, mismatches = [], list(ref_problems)
     lp = {}
     local_vs_pd_stock = {}
+    # reference pd-stock-v1: stock P/D on vLLM's default runner differs from it by the runner
+    # alone (the same stock layout), so it is recorded, not failing
+    other_runner = {}
+    recorded = lambda l: pd_ref and (l.startswith("local:") or (l == "pd:stock" and base_label != l))
     for l in labels:
         lens_l = {r["prompt_len"] for r in runs[l]}
         ref = base if l in real else [r for r in base if r["prompt_len"] in lens_l]
         probs = compare_runs(ref, runs[l]) if l != base_label else []
-        if pd_ref and l.startswith("local:"):
-            # vLLM's own difference (its P/D path vs one whole prefill): recorded, not failing
-            local_vs_pd_stock[l] = {"problems": probs, "max_logprob_diff": logprob_diff(base, runs[l])["max"]}
+        if recorded(l):
+            # vLLM's own difference (its P/D path vs one whole prefill, or its other model
+            # runner): recorded, not failing
+            (local_vs_pd_stock if l.startswith("local:") else other_runner)[l] = {
+                "problems": probs, "max_logprob_diff": logprob_diff(base, runs[l])["max"]}
         elif l in real:
             mismatches += ["%s vs %s: %s" % (l, base_label, p) for p in probs]
         lp[l] = logprob_diff(base, runs[l]) if l != base_label else {"max": 0.0, "positions": None, "at": None}
@@ -302,7 +314,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
     # logprobs: identical under deterministic kernels; otherwise no P/D config worse than stock P/D
     pd_stock = lp.get("pd:stock", {}).get("max")
     lp_problems = []
-    have_lp = all(lp[l]["max"] is not None for l in real if not (pd_ref and l.startswith("local:")))
+    have_lp = all(lp[l]["max"] is not None for l in real if not recorded(l))
     if not have_lp:
         lp_ok = None
         lp_problems.append("no logprobs from the server: logprob check not made")
@@ -310,7 +322,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
         # every P/D run against stock P/D: identical (up to logprob_tol), whatever the kernels;
         # P/D vs local prefill is vLLM's own difference here (recorded in configs.*)
         for l in real:
-            if l.startswith("pd:") and l != base_label and lp[l]["max"] > logprob_tol:
+            if l.startswith("pd:") and l != base_label and not recorded(l) and lp[l]["max"] > logprob_tol:
                 lp_problems.append("%s vs %s: max |logprob difference| %.3g > %g" % (l, base_label, lp[l]["max"],
                                                                                     logprob_tol))
         lp_ok = not lp_problems
@@ -421,6 +433,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
                 pd_vs_pd_stock[l] = compare_runs(runs[pd_base], runs[l])
     token_ids = {l: {str(r["prompt_len"]): outputs_key(r) for r in runs[l]} for l in labels}
     return {"baseline": base_label, "reference": reference, "local_vs_pd_stock": local_vs_pd_stock,
+            "other_runner_vs_reference": other_runner,
             "prompt_lengths": list(lengths), "runs": rows, "mismatches": mismatches,
             "equivalence_pass": eq_ok, "descriptor_pass": desc_ok if any(c == "shim" or c.startswith("shim-") for c in probes) else None,
             "logprob_pass": lp_ok, "logprob_problems": lp_problems, "logprob_tol": logprob_tol,
@@ -436,10 +449,11 @@ def _f(x, fmt="%.2f"):
 
 
 def render_equivalence(summary):
-    pd_ref = summary.get("reference") == "pd-stock"
+    reference = summary.get("reference") or "local"
+    pd_ref = reference.startswith("pd-")
     lines = ["=" * 78, "P/D equivalence: greedy token ids + top-%d logprobs, prompts of %s tokens"
              % (TOP_LOGPROBS, summary["prompt_lengths"]),
-             "baseline = %s (%s)" % (summary["baseline"], "stock P/D: EQ_REFERENCE=pd-stock" if pd_ref
+             "baseline = %s (%s)" % (summary["baseline"], "stock P/D: EQ_REFERENCE=%s" % reference if pd_ref
                                      else "local prefill on the decode instance")]
     if "batch_invariant" in summary:
         lines.append("kernels: %s" % ("VLLM_BATCH_INVARIANT=1 (deterministic)" if summary["batch_invariant"]
@@ -450,7 +464,9 @@ def render_equivalence(summary):
     for r in summary["runs"]:
         verdict = "baseline" if r["label"] == summary["baseline"] else (
             "IDENTICAL" if r["identical_to_baseline"] else
-            "DIFFERENT (vLLM's)" if pd_ref and r["label"].startswith("local:") else "DIFFERENT")
+            "DIFFERENT (vLLM's)" if pd_ref and (r["label"].startswith("local:") or
+                                                r["label"] in summary.get("other_runner_vs_reference", {}))
+            else "DIFFERENT")
         lines.append("%-22s %-18s %-16s %s%s" % (r["label"], verdict, _f(r.get("max_logprob_diff"), "%.3g"),
                                                  r["method"], "  (negative control)" if r.get("negative_control")
                                                  else ""))

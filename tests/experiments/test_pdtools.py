@@ -802,3 +802,23 @@ def test_reference_pd_stock_records_vllms_local_difference_and_keeps_teeth():
     assert not s["pass"] and "no pd:stock run" in s["mismatches"][0]
     with pytest.raises(ValueError):
         pdtools.summarize_equivalence(runs, _probes(), lens, reference="bogus")
+
+
+def test_reference_pd_stock_v1_separates_the_model_runner_from_the_layout():
+    """0.22-0.28: the shim runs Model Runner V1, stock vLLM V2.  With reference pd-stock-v1 the
+    shim is held to stock P/D on V1 (identical), and stock P/D on V2 is recorded, not failing."""
+    lens = [5, 100]
+    runs = {"pd:stock": _run(lens, lp_shift=2 ** -21), "pd:stock-v1": _run(lens), "pd:shim": _run(lens),
+            "local:shim": _run(lens)}
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    assert not s["pass"] and any(p.startswith("pd:shim vs pd:stock:") for p in s["logprob_problems"])  # the H200 run
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
+    assert s["pass"] and s["baseline"] == "pd:stock-v1", (s["mismatches"], s["logprob_problems"])
+    assert s["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"] == 2 ** -21
+    assert "EQ_REFERENCE=pd-stock-v1" in pdtools.render_equivalence(s)
+    bad = dict(runs, **{"pd:shim": _run(lens, lp_shift=2 ** -21)})                  # teeth: one ulp off V1
+    s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
+    assert not s["pass"] and "pd:shim vs pd:stock-v1" in s["logprob_problems"][0]
+    del runs["pd:stock-v1"]
+    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
+    assert not s["pass"] and "no pd:stock-v1 run" in s["mismatches"][0]

@@ -632,7 +632,11 @@ def test_model_arch_picks_the_generated_models_folder_and_the_reference_needs_st
     e["EQ_REFERENCE"] = "nearby"
     r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                        timeout=120)
-    assert r.returncode == 2 and "EQ_REFERENCE must be auto, local or pd-stock" in r.stderr
+    assert r.returncode == 2 and "EQ_REFERENCE must be auto, local, pd-stock or pd-stock-v1" in r.stderr
+    e.update(EQ_REFERENCE="pd-stock-v1", EQ_CONFIGS="stock shim")   # stock on V2 is not the V1 baseline
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert r.returncode == 2 and "put stock-v1 in EQ_CONFIGS" in r.stderr, r.stderr[-2000:]
 
 
 @aiohttp_needed
