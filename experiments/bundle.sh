@@ -298,8 +298,9 @@ pack() {
 }
 
 # ---------------------------------------------------------------------------- GPU machine
-# What setup and check import, with $SITE first on PYTHONPATH (as lib.sh and run_gpu_cell.sh
-# put it).  Each probe prints one line; an exception prints its type and message in full.
+# What setup and check import, with $SITE first on PYTHONPATH (as the lab puts it:
+# pdtools/settings.py setup_env).  Each probe prints one line; an exception prints its type and
+# message in full.
 probe() {
   PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 "$PY" - "$@" <<'EOF'
 import importlib, importlib.metadata as m, sys, traceback

@@ -1,6 +1,9 @@
-"""Command line of pdtools: ``python3 experiments/pdtools <cmd> --help``.
+"""Command line of the lab: ``python3 experiments/pdtools JOB|COMMAND ...``.
 
-Sub-commands:
+Jobs (JOBS below; experiments/*.sh are their doors): main, equivalence, bench, cell, upstream,
+report.
+
+Helper commands (each also a function the jobs call in-process):
 
   prompt          print one deterministic word-level prompt (for manual checks)
   equiv-run       send the fixed greedy prompts to one endpoint, write ids, logprobs and KV pulled (JSON)
@@ -21,6 +24,7 @@ Sub-commands:
 """
 
 import argparse
+import importlib
 import importlib.util
 import json
 import os
@@ -29,13 +33,14 @@ import sys
 import time
 
 from .client import http_text
+from .equivalence import REFERENCES
 from .gates import GATES, gate
-from .equivalence import REFERENCES, equiv_run, render_equivalence, summarize_equivalence
-from .kvmetrics import (NotDense, aggregate_kv, attention_backend, blocks_for_prompt, descriptors_per_block, kv_run,
-                        kv_summary, load_registration, model_block_bytes, model_family, parse_prom, read_kv_lines,
-                        registration_bytes_per_block)
+from .kvmetrics import (NotDense, aggregate_kv, attention_backend, kv_summary, load_registration, model_block_bytes,
+                        model_family, read_kv_lines, registration_bytes_per_block)
 from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
-from .results import cell_from_runs, cell_key, gpu_slug, merge_results
+from .results import bench_cell_to_file, gpu_slug, merge_results
+from .runs import corruption_description, kv_probe, load_json, prom_scrape, run_to_file, summary_to_file
+from .settings import run_job
 from .vllminfo import vllm_has_batch_invariant
 
 
@@ -44,19 +49,8 @@ def _lens(s):
 
 
 def cmd_equiv_run(a):
-    res = equiv_run(a.url, a.model, _lens(a.lengths), a.max_tokens, a.seed, logprobs=a.logprobs,
-                    prom_url=a.prom_url, bytes_per_block=a.bytes_per_block, kv_wait_s=a.kv_wait)
-    json.dump({"label": a.label, "url": a.url, "results": res}, open(a.out, "w"), indent=1)
-    for r in res:
-        kv = r.get("kv")
-        print("  %-12s len=%-5d method=%s out=%s%s" % (
-            a.label, r["prompt_len"], r["method"], (r["token_ids"] or [])[:8],
-            "" if "kv" not in r else "  KV pulled: %s" % ("unknown" if kv is None else "%s blocks in %s transfer(s)"
-                                                           % (kv.get("blocks"), kv.get("transfers")))))
-    bad = [r for r in res if r["prompt_token_count"] not in (None, r["prompt_len"])]
-    if bad:
-        print("WARNING: tokenizer gave other prompt lengths than intended: %s"
-              % [(r["prompt_len"], r["prompt_token_count"]) for r in bad], file=sys.stderr)
+    run_to_file(a.url, a.model, a.label, _lens(a.lengths), a.max_tokens, a.out, seed=a.seed, logprobs=a.logprobs,
+                prom_url=a.prom_url, bytes_per_block=a.bytes_per_block, kv_wait=a.kv_wait)
 
 
 def cmd_equiv_summary(a):
@@ -67,14 +61,9 @@ def cmd_equiv_summary(a):
     probes = {}
     for spec in a.probe:
         cfg, _, path = spec.partition("=")
-        kv = _load_json(path)
-        probes[cfg] = {"kv": kv, "backend": (kv or {}).get("attn_backend")}
-    meta = json.loads(a.meta) if a.meta else {}
-    s = summarize_equivalence(runs, probes, _lens(a.lengths), batch_invariant=meta.get("batch_invariant"),
-                              logprob_tol=a.logprob_tol, corruption=a.corruption, reference=a.reference)
-    s.update(meta)
-    json.dump(s, open(a.out, "w"), indent=1, sort_keys=True)
-    print(render_equivalence(s))
+        probes[cfg] = load_json(path)
+    s = summary_to_file(runs, probes, _lens(a.lengths), json.loads(a.meta) if a.meta else {}, a.out,
+                        logprob_tol=a.logprob_tol, corruption=a.corruption, reference=a.reference)
     return 0 if s["pass"] else 1
 
 
@@ -88,37 +77,13 @@ def cmd_kvstats(a):
 
 
 
-def _load_json(path):
-    if not path or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def cmd_kv_run(a):
-    backend = attention_backend(a.backend_log) if a.backend_log else None
-    reg = load_registration(a.registration) if a.registration else None
-    if a.registration and reg is None:
-        print("kv-run: no registration report at %s (bytes per block: %s)" % (
-            a.registration, "the dense formula" if a.bytes_per_block else "unknown"), file=sys.stderr)
-    kv = kv_run(a.log, a.offset, _load_json(a.prom_before), _load_json(a.prom_after), a.bytes_per_block, backend,
-                registration=reg)
-    if a.prompt_len:
-        # one request's blocks from its length: exact with one KV cache group only (a sliding
-        # window group sends its in-window tail)
-        groups = (reg or {}).get("num_kv_cache_groups") or 1
-        kv["blocks_expected"] = blocks_for_prompt(a.prompt_len, a.block_size) if groups == 1 else None
-        kv["descriptors_per_block_from_len"] = descriptors_per_block(
-            kv.get("avg_descriptors_per_transfer"), kv["blocks_expected"])
-    print(json.dumps(kv, sort_keys=True))
+    print(json.dumps(kv_probe(a.log, a.offset, load_json(a.prom_before), load_json(a.prom_after), a.bytes_per_block,
+                              a.backend_log, a.registration, a.prompt_len, a.block_size), sort_keys=True))
 
 
 def cmd_prom(a):
-    try:
-        print(json.dumps(parse_prom(http_text(a.url))))
-    except Exception as e:  # the caller treats null as "not available"
-        print("null")
-        print("prom scrape failed: %s" % e, file=sys.stderr)
+    print(json.dumps(prom_scrape(a.url)))
 
 
 def cmd_get(a):
@@ -130,41 +95,10 @@ def cmd_get(a):
 
 
 def cmd_bench_cell(a):
-    runs, kvs = [], []
-    for i, path in enumerate(a.results):
-        r = json.load(open(path))
-        r["_run_id"] = "%s-%s" % (a.run_prefix, os.path.basename(path))
-        runs.append(r)
-    for path in a.kv:
-        kvs.append(json.load(open(path)) if os.path.exists(path) else None)
-    kvs += [None] * (len(runs) - len(kvs))
-    proxies = [_load_json(p) for p in a.proxy]  # cell_from_runs pads a short list with None
-    commands = [l.rstrip("\n") for l in open(a.commands)] if a.commands else []
-    cell = cell_from_runs(a.config, a.input_len, a.output_len, a.num_prompts, runs, kvs, commands, a.bytes_per_block,
-                          proxies)
-    if a.meta:
-        cell.update(json.loads(a.meta))
-    doc = {"vllm_version": a.vllm_version, "gpu": a.gpu, "equivalence_pass": None, "cells": [cell],
-           "commands": commands}
-    eq = _load_json(a.equivalence)
-    if eq is not None:
-        if eq.get("vllm_version") in (None, a.vllm_version) and eq.get("gpu") in (None, a.gpu):
-            doc["equivalence_pass"] = eq.get("equivalence_pass")
-            doc["descriptor_pass"] = eq.get("descriptor_pass")
-            doc["equivalence_file"] = os.path.basename(a.equivalence)
-        else:
-            print("equivalence file %s is for vLLM %s on %s, not this run: ignored"
-                  % (a.equivalence, eq.get("vllm_version"), eq.get("gpu")), file=sys.stderr)
-    if os.path.exists(a.out):  # several calls on one machine accumulate in one file
-        doc = merge_results([json.load(open(a.out)), doc])
-    tmp = a.out + ".tmp"
-    json.dump(doc, open(tmp, "w"), indent=1, sort_keys=True)
-    os.replace(tmp, a.out)
-    c = [x for x in doc["cells"] if cell_key(x) == cell_key(cell)][0]
-    print("cell %s L=%s: mean TTFT per rep %s ms, desc/block %s" % (
-        a.config, a.input_len, ["%.0f" % x for x in c["mean_ttft_ms"] if x is not None], c["descriptors_per_block"]))
-    if c.get("handoff_split_ms"):
-        print("  handoff split (mean ms): " + ", ".join("%s %.1f" % kv for kv in c["handoff_split_ms"].items()))
+    kvs = [load_json(p) for p in a.kv]
+    bench_cell_to_file(a.out, a.config, a.input_len, a.output_len, a.num_prompts, a.results, kvs, a.proxy, a.commands,
+                       a.bytes_per_block, a.vllm_version, a.gpu, a.equivalence, a.run_prefix,
+                       json.loads(a.meta) if a.meta else None)
 
 
 def cmd_merge(a):
@@ -200,20 +134,34 @@ def cmd_batch_invariant(a):
 
 
 
-def corruption_description(how):
-    """The negative-control hook's own description of ``how`` (shift, swap-layers).  Imports
-    only the hook's module (it arms nothing: its sitecustomize.py does that)."""
-    nc_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "negative_control")
-    sys.path.insert(0, nc_dir)
-    try:
-        import xlkv_negative_control
-    finally:
-        sys.path.remove(nc_dir)
-    return xlkv_negative_control.CORRUPTIONS[how]
+#: the lab's jobs: name -> (module, what it is); the operators' scripts are their doors
+JOBS = {
+    "main": ("job_main", "the main job: equivalence then benchmark on GPUs, the CPU checks without (main.sh)"),
+    "equivalence": ("job_equivalence", "P/D greedy-output equivalence with and without the shim (pd_equivalence.sh)"),
+    "bench": ("job_bench", "P/D TTFT benchmark (pd_bench.sh)"),
+    "cell": ("job_cell", "one device call: steps, then the results and the console into $OUT (run_gpu_cell.sh)"),
+    "upstream": ("job_upstream", "vLLM's own NIXL tests on a lent GPU, stock vs flag on (upstream/gpu.sh)"),
+    "report": (None, "markdown table and plot of bench results (report.py)"),
+}
+
+
+def run_named_job(name, argv):
+    """A job of JOBS with its arguments; its exit code."""
+    if name == "report":
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import report
+        return report.main(argv)
+    module = importlib.import_module("." + JOBS[name][0], __package__)
+    main = module.main
+    return run_job(main, argv) if name in ("cell", "upstream") else run_job(main)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="pdtools", description="helpers of the P/D experiment scripts")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in JOBS:
+        return run_named_job(argv[0], argv[1:])
+    p = argparse.ArgumentParser(prog="pdtools", description="the P/D lab: jobs (%s) and helper commands"
+                                % ", ".join(JOBS))
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("prompt")

@@ -1,8 +1,10 @@
 """Results JSON of the benchmark: cells (one per config x length), idempotent merging, GPU tags."""
 
 import json
+import os
 import re
 import statistics
+import sys
 import time
 
 from .kvmetrics import kv_summary
@@ -172,3 +174,52 @@ def gpu_slug(names):
         else:
             groups.append([s, 1])
     return "+".join("%dx%s" % (c, s) for s, c in groups)
+
+
+def _load_json(path):
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def bench_cell_to_file(out, config, input_len, output_len, num_prompts, result_files, kvs, proxy_files,
+                       commands_file, bytes_per_block, vllm_version, gpu, equivalence, run_prefix, meta=None):
+    """One results cell from the repetitions' `vllm bench serve` result files, their KV stats
+    (dicts or None) and the proxy's /timings files, merged into ``out`` (several calls on one
+    machine accumulate in one file; repeated cells gain repetitions).  ``equivalence``: the
+    summary of this machine and release, for equivalence_pass.  Prints the cell's line."""
+    runs = []
+    for path in result_files:
+        r = json.load(open(path))
+        r["_run_id"] = "%s-%s" % (run_prefix, os.path.basename(path))
+        runs.append(r)
+    kvs = list(kvs) + [None] * (len(runs) - len(kvs))
+    proxies = [_load_json(p) for p in proxy_files]  # cell_from_runs pads a short list with None
+    commands = [l.rstrip("\n") for l in open(commands_file)] if commands_file else []
+    cell = cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, commands, bytes_per_block, proxies)
+    if meta:
+        cell.update(meta)
+    doc = {"vllm_version": vllm_version, "gpu": gpu, "equivalence_pass": None, "cells": [cell],
+           "commands": commands}
+    eq = _load_json(equivalence)
+    if eq is not None:
+        if eq.get("vllm_version") in (None, vllm_version) and eq.get("gpu") in (None, gpu):
+            doc["equivalence_pass"] = eq.get("equivalence_pass")
+            doc["descriptor_pass"] = eq.get("descriptor_pass")
+            doc["equivalence_file"] = os.path.basename(equivalence)
+        else:
+            print("equivalence file %s is for vLLM %s on %s, not this run: ignored"
+                  % (equivalence, eq.get("vllm_version"), eq.get("gpu")), file=sys.stderr)
+    if os.path.exists(out):
+        doc = merge_results([json.load(open(out)), doc])
+    tmp = out + ".tmp"
+    json.dump(doc, open(tmp, "w"), indent=1, sort_keys=True)
+    os.replace(tmp, out)
+    c = [x for x in doc["cells"] if cell_key(x) == cell_key(cell)][0]
+    print("cell %s L=%s: mean TTFT per rep %s ms, desc/block %s" % (
+        config, input_len, ["%.0f" % x for x in c["mean_ttft_ms"] if x is not None], c["descriptors_per_block"]),
+        flush=True)
+    if c.get("handoff_split_ms"):
+        print("  handoff split (mean ms): " + ", ".join("%s %.1f" % kv for kv in c["handoff_split_ms"].items()))
+    return doc

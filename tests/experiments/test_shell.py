@@ -1,4 +1,5 @@
-"""The shell scripts: syntax, lib.sh functions, and end-to-end runs against a fake vLLM.
+"""The lab: its shell doors (syntax, thinness), its settings, configs, GPU split and ports
+(experiments/pdtools), and end-to-end runs of its jobs through the doors against a fake vLLM.
 
 The end-to-end tests put ``fake_bin/nvidia-smi`` (two "NVIDIA H200") first on PATH and
 ``fake_vllm`` (a tiny aiohttp server speaking vLLM's HTTP API and KV-metrics log format,
@@ -22,11 +23,31 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXP = os.path.join(ROOT, "experiments")
 SCRIPTS = sorted(glob.glob(os.path.join(EXP, "*.sh")) + glob.glob(os.path.join(EXP, "*", "*.sh")))
+sys.path.insert(0, EXP)
+from pdtools import configs, pair, settings  # noqa: E402
+from pdtools.gates import gate  # noqa: E402
+
+#: the environment builders, which may stay shell (issue 35)
+BUILDERS = ("bundle.sh", "mkenv.sh")
+DOORS = {"main.sh": "main", "pd_equivalence.sh": "equivalence", "pd_bench.sh": "bench", "run_gpu_cell.sh": "cell",
+         "gpu.sh": "upstream"}
 
 
 def test_there_are_scripts():
     names = {os.path.basename(s) for s in SCRIPTS}
-    assert {"lib.sh", "pd_equivalence.sh", "pd_bench.sh", "run_gpu_cell.sh", "bundle.sh"} <= names
+    assert set(DOORS) | set(BUILDERS) == names
+
+
+def test_the_shell_doors_are_thin():
+    """Issue 35 done-when: outside the environment builders the lab's shell is thin doors into its
+    one Python package (<= ~150 lines in all), each handing its arguments to one job."""
+    doors = [s for s in SCRIPTS if os.path.basename(s) not in BUILDERS]
+    assert sum(len(open(s).read().splitlines()) for s in doors) <= 150
+    for s in doors:
+        code = [l for l in open(s).read().splitlines() if l.strip() and not l.startswith("#")]
+        job = DOORS[os.path.basename(s)]
+        assert code[-1].startswith('exec "${PY:-python3}"') and code[-1].endswith('pdtools" %s "$@"' % job), (s, code)
+        assert len(code) == 2, (s, code)    # set -euo pipefail, then the exec
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
@@ -35,16 +56,9 @@ def test_bash_syntax(script):
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("script", [s for s in SCRIPTS if not s.endswith("lib.sh")], ids=os.path.basename)
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
 def test_scripts_are_strict(script):
     assert "set -euo pipefail" in open(script).read()
-
-
-def _lib(snippet, **env):
-    e = dict(os.environ, WORK=env.pop("WORK", "/tmp/xlkv-test-lib"), PY=sys.executable)
-    e.update({k: str(v) for k, v in env.items()})
-    return subprocess.run(["bash", "-c", 'set -euo pipefail; source "%s/lib.sh"; %s' % (EXP, snippet)],
-                          capture_output=True, text=True, env=e, timeout=60)
 
 
 @pytest.mark.parametrize("version,name,has", [
@@ -55,10 +69,13 @@ def _lib(snippet, **env):
 def test_release_gate_reads_the_shims_release_table(version, name, has):
     """Issue 35: the lab's release gates come from xlkv_autopatch/releases.py (pdtools gate), so a
     boundary is written once; a release without the thing says which releases have it."""
-    r = _lib('VLLM_VERSION=%s; release_gate %s' % (version, name))
-    assert (r.returncode == 0) is has, (r.stdout, r.stderr)
+    ok, why = gate(name, version)
+    assert ok is has, why
     if not has:
-        assert "vLLM %s lacks" % version in r.stdout and "releases.py" in r.stdout, r.stdout
+        assert "vLLM %s lacks" % version in why and "releases.py" in why, why
+    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "gate", name, version], capture_output=True,
+                       text=True)
+    assert (r.returncode == 0) is has and r.stdout.strip() == why
 
 
 #: lines of the lab (not its environment builders) that compare a vLLM version with a literal
@@ -91,60 +108,75 @@ def test_no_release_boundary_is_typed_in_the_lab():
     (4, 1, 2, "0|1,2|0|0.3"),
     (4, 2, 2, "0,1|2,3|0|0.3"),
 ])
-def test_assign_gpus(ngpu, tp_p, tp_d, expect):
-    r = _lib('NGPU=%d; assign_gpus; echo "$P_GPUS|$D_GPUS|$SHARED_GPU|$MEM_UTIL"' % ngpu, TP_P=tp_p, TP_D=tp_d)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == expect
+def test_assign_gpus(ngpu, tp_p, tp_d, expect, monkeypatch, tmp_path):
+    for k, v in dict(TP_P=tp_p, TP_D=tp_d, WORK=tmp_path).items():
+        monkeypatch.setenv(k, str(v))
+    monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
+    lab = pair.Pair("0.26.0")
+    lab.ngpu = ngpu
+    lab.assign_gpus()
+    assert "%s|%s|%d|%s" % (lab.p_gpus, lab.d_gpus, lab.shared_gpu, lab.mem_util) == expect
 
 
 def test_assign_gpus_too_few():
-    r = _lib("NGPU=1; assign_gpus", TP_P=1, TP_D=2)
-    assert r.returncode == 2 and "need at least 2 GPUs" in r.stderr
+    with pytest.raises(settings.LabExit) as e:
+        pair.split_gpus(1, 1, 2)
+    assert e.value.code == 2 and "need at least 2 GPUs" in e.value.message
 
 
-def test_config_env_and_support():
-    r = _lib('config_env native-v1; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"; config_env shim; echo "${CFG_ENV[*]}"')
-    assert r.stdout.splitlines() == ['VLLM_USE_V2_MODEL_RUNNER=0|{"enable_cross_layers_blocks": "true"}',
-                                     "ENABLE_XLKV=true"]
-    assert _lib("VLLM_VERSION=0.21.0; config_supported native").returncode == 0
-    assert _lib("VLLM_VERSION=0.21.0; config_supported native-v1").returncode == 1
-    assert _lib("VLLM_VERSION=0.26.0; config_supported native-v1").returncode == 0
+def _cfg(name, version="0.26.0"):
+    """A config's settings as the lab applies them: (env of both, kv extra, D-only env, D-only flags, proxy)."""
+    s = configs.server_settings(name, version)
+    return (" ".join("%s=%s" % kv for kv in s.env.items()), s.kv_extra,
+            " ".join("%s=%s" % kv for kv in s.d_env.items()), " ".join(s.d_args), " ".join(s.proxy_args))
+
+
+def _supported(name, version):
+    return configs.supported(name, version)[0]
+
+
+def test_config_env_and_support(monkeypatch):
+    monkeypatch.setenv("SHIM_CHECK", "0")
+    assert _cfg("native-v1")[:2] == ("VLLM_USE_V2_MODEL_RUNNER=0", '{"enable_cross_layers_blocks": "true"}')
+    assert _cfg("shim")[:2] == ("ENABLE_XLKV=true", "")
+    assert _supported("native", "0.21.0") and not _supported("native-v1", "0.21.0")
+    assert _supported("native-v1", "0.26.0")
     # stock on the V1 model runner: the shim's runner without its layout (0.22-0.28)
-    assert _lib('config_env stock-v1; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"').stdout.strip() == \
-        "VLLM_USE_V2_MODEL_RUNNER=0|"
-    assert _lib("VLLM_VERSION=0.26.0; config_supported stock-v1").returncode == 0
-    assert _lib("VLLM_VERSION=0.33.0; config_supported stock-v1").returncode == 1
+    assert _cfg("stock-v1")[:2] == ("VLLM_USE_V2_MODEL_RUNNER=0", "")
+    assert _supported("stock-v1", "0.26.0") and not _supported("stock-v1", "0.33.0")
     # native = vLLM's own best configuration: the opt-in up to 0.28, the BLNHC layout from 0.29
-    assert _lib("VLLM_VERSION=0.29.0; config_supported native").returncode == 0
-    r = _lib("VLLM_VERSION=0.15.1; config_supported native")
-    assert r.returncode == 1 and "from 0.16 on" in r.stdout
-    r = _lib('VLLM_VERSION=0.33.0; config_env native; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"')
-    assert r.stdout.strip() == "VLLM_KV_CACHE_LAYOUT=BLNHC|"
-    r = _lib('VLLM_VERSION=0.28.0; config_env native; echo "${CFG_ENV[*]}|$CFG_KV_EXTRA"')
-    assert r.stdout.strip() == '|{"enable_cross_layers_blocks": "true"}'
-    assert _lib("VLLM_VERSION=0.21.0; config_supported bogus").returncode == 1
+    assert _supported("native", "0.29.0")
+    ok, why = configs.supported("native", "0.15.1")
+    assert not ok and "from 0.16 on" in why
+    assert _cfg("native", "0.33.0")[:2] == ("VLLM_KV_CACHE_LAYOUT=BLNHC", "")
+    assert _cfg("native", "0.28.0")[:2] == ("", '{"enable_cross_layers_blocks": "true"}')
+    assert not _supported("bogus", "0.21.0")
+    with pytest.raises(settings.LabExit):
+        configs.server_settings("bogus", "0.21.0")
     # negative controls: the config's own settings on both sides, the hook on D only
-    r = _lib('PYTHONPATH=/repo:/site; VLLM_VERSION=0.26.0; config_env nc-shim; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}"')
-    both, d_only = r.stdout.strip().split("|")
+    monkeypatch.setenv("PYTHONPATH", "/repo:/site")
+    both, _, d_only = _cfg("nc-shim")[:3]
     assert both == "ENABLE_XLKV=true"
     assert d_only == "PYTHONPATH=%s/negative_control:/repo:/site XLKV_NEGATIVE_CONTROL=shift" % EXP
-    assert _lib("VLLM_VERSION=0.21.0; config_supported nc-stock").returncode == 0
-    assert _lib("VLLM_VERSION=0.15.1; config_supported nc-native").returncode == 1
+    assert _supported("nc-stock", "0.21.0") and not _supported("nc-native", "0.15.1")
 
 
-def test_site_version_is_defined_once_and_reads_the_staged_release(tmp_path):
+def test_site_version_is_defined_once_and_reads_the_staged_release(tmp_path, monkeypatch):
     site = tmp_path / "site"
     dist = site / "vllm-0.26.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
-    assert _lib("site_version", SITE=str(site)).stdout.strip() == "0.26.0"
-    assert _lib("site_version", SITE=str(tmp_path / "none")).stdout.strip() == ""
-    defs = [s for s in SCRIPTS if not s.endswith("bundle.sh") and "site_version() {" in open(s).read()]
-    assert [os.path.basename(s) for s in defs] == ["lib.sh"]
+    monkeypatch.setenv("SITE", str(site))
+    assert settings.site_version() == "0.26.0"
+    monkeypatch.setenv("SITE", str(tmp_path / "none"))
+    assert settings.site_version() == ""
+    lab = glob.glob(os.path.join(EXP, "pdtools", "*.py")) + [s for s in SCRIPTS if not s.endswith("bundle.sh")]
+    defs = [s for s in lab if re.search(r"def site_version\b|site_version\(\) \{", open(s).read())]
+    assert [os.path.basename(s) for s in defs] == ["settings.py"]
 
 
 def test_scripts_name_only_scripts_that_exist():
-    # lib.sh once pointed at stage_bundle.sh / setup_bundle.sh, which never existed
+    # the shell once pointed at stage_bundle.sh / setup_bundle.sh, which never existed
     import re
     for s in SCRIPTS:
         if os.path.basename(os.path.dirname(s)) == "upstream":
@@ -182,10 +214,10 @@ def test_port_checks():
     srv.listen(1)
     busy = srv.getsockname()[1]
     try:
-        assert _lib("port_in_use %d" % busy).returncode == 0
-        assert _lib("port_in_use %d" % _free_port()).returncode == 1
-        r = _lib("require_ports_free %d %d" % (_free_port(), busy))
-        assert r.returncode == 2 and ("port %d is in use" % busy) in r.stderr
+        assert pair.port_in_use(busy) and not pair.port_in_use(_free_port())
+        with pytest.raises(settings.LabExit) as e:
+            pair.require_ports_free(_free_port(), busy)
+        assert e.value.code == 2 and ("port %d is in use" % busy) in e.value.message
     finally:
         srv.close()
 
@@ -236,7 +268,7 @@ printf '{"vllm": "0.99.0", "cross_layer": true, "num_regions": 1, "descs_per_blo
 
 
 def test_main_job_and_the_gpu_scripts_run_one_cpu_check(tmp_path):
-    """Without a GPU, main.sh and the GPU scripts run the same checks (lib.sh cpu_checks): status,
+    """Without a GPU, main.sh and the GPU scripts run the same checks (pdtools/cpuchecks.py): status,
     the harness stock and with ENABLE_XLKV=true, and the table that wants fewer descriptors."""
     if any(os.path.exists(os.path.join(d, "nvidia-smi")) for d in ("/usr/bin", "/bin")):
         pytest.skip("this machine has nvidia-smi in /usr/bin")
@@ -265,9 +297,10 @@ def test_main_job_and_the_gpu_scripts_run_one_cpu_check(tmp_path):
     eq = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                         timeout=120)
     assert eq.returncode == 1 and "CPU checks failed" in eq.stderr
-    # one copy: the harness runs and the table live in lib.sh only
-    copies = [s for s in SCRIPTS if any(m in open(s).read() for m in ("--- P->D transfer", "descriptors per block: stock"))]
-    assert [os.path.basename(s) for s in copies] == ["lib.sh"]
+    # one copy: the harness runs and the table live in pdtools/cpuchecks.py only
+    lab = SCRIPTS + glob.glob(os.path.join(EXP, "*.py")) + glob.glob(os.path.join(EXP, "pdtools", "*.py"))
+    copies = [s for s in lab if any(m in open(s).read() for m in ("--- P->D transfer", "descriptors per block: stock"))]
+    assert [os.path.basename(s) for s in copies] == ["cpuchecks.py"]
 
 def test_vllm_missing_is_a_setup_error(tmp_path):
     e = _env(tmp_path, SITE=str(tmp_path / "empty-site"))
@@ -353,7 +386,7 @@ def test_equivalence_end_to_end_with_fake_vllm(tmp_path):
     for f in ("eq-stock-p.log", "eq-stock-d.log", "eq-shim-p.log", "eq-shim-d.log"):
         assert "VLLM_BATCH_INVARIANT=1" in (tmp_path / "work" / f).read_text(), f
     # servers are gone afterwards
-    assert _lib("port_in_use %s || port_in_use %s" % (e["PORT_P"], e["PORT_D"])).returncode == 1
+    assert not pair.port_in_use(e["PORT_P"]) and not pair.port_in_use(e["PORT_D"])
 
 
 @aiohttp_needed
@@ -566,43 +599,46 @@ def test_run_gpu_cell_returns_only_the_staged_releases_results(tmp_path):
     assert set(names) <= set(os.listdir(tmp_path / "out2"))
 
 
-def test_shim_ablation_and_ray_configs():
-    r = _lib('config_env shim-keep-order; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_D_ARGS[*]}"')
-    assert r.stdout.strip() == "ENABLE_XLKV=true XLKV_COALESCE=false||"
+def test_shim_ablation_and_ray_configs(monkeypatch):
+    env, _, d_env, d_args, _ = _cfg("shim-keep-order")
+    assert (env, d_env, d_args) == ("ENABLE_XLKV=true XLKV_COALESCE=false", "", "")
     # the UCX lever: the shim plus NIXL's num_threads through kv_connector_extra_config (valid JSON)
-    for env, n in (("", 8), ("UCX_NUM_THREADS=16; ", 16)):
-        r = _lib(env + 'config_env shim-ucx; echo "${CFG_ENV[*]}|${CFG_KV_EXTRA}"')
-        flags, extra = r.stdout.strip().split("|")
-        assert flags == "ENABLE_XLKV=true" and json.loads(extra) == {"num_threads": n}
+    for threads, n in ((None, 8), ("16", 16)):
+        if threads:
+            monkeypatch.setenv("UCX_NUM_THREADS", threads)
+        env, extra = _cfg("shim-ucx")[:2]
+        assert env == "ENABLE_XLKV=true" and json.loads(extra) == {"num_threads": n}
     # D on Ray: the flag on both sides, copied into the Ray worker's environment, D's executor
-    r = _lib('config_env shim-ray; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_D_ARGS[*]}"')
-    assert r.stdout.strip() == ("ENABLE_XLKV=true|VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV|"
-                                "--distributed-executor-backend ray")
+    env, _, d_env, d_args, _ = _cfg("shim-ray")
+    assert (env, d_env, d_args) == ("ENABLE_XLKV=true", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=ENABLE_XLKV",
+                                    "--distributed-executor-backend ray")
     # without ray importable (CI has none) the config is refused with the way to get it
     if subprocess.run([sys.executable, "-c", "import ray"], capture_output=True).returncode == 0:
         pytest.skip("ray is importable here")
-    r = _lib("PYTHONPATH=/nonexistent; VLLM_VERSION=0.29.0; SHIM_CHECK=0; config_supported shim-ray")
-    assert r.returncode == 1 and "XLKV_BUNDLE_EXTRA=ray" in r.stdout
-    assert _lib("VLLM_VERSION=0.29.0; SHIM_CHECK=0; config_supported shim-keep-order").returncode == 0
+    monkeypatch.setenv("SHIM_CHECK", "0")
+    monkeypatch.setenv("PY", sys.executable)
+    ok, why = configs.supported("shim-ray", "0.29.0")
+    assert not ok and "XLKV_BUNDLE_EXTRA=ray" in why
+    assert _supported("shim-keep-order", "0.29.0")
 
 
-def test_proxy_lever_config_and_the_removed_shim_levers():
+def test_proxy_lever_config_and_the_removed_shim_levers(monkeypatch):
     """shim-ids is the shim plus the proxy's --token-ids-to-d (a proxy-side lever); the shim's handoff
     levers (shim-early, shim-notice, shim-levers, shim-all) were removed in 0.4.0 and are unknown configs."""
-    r = _lib('config_env shim-ids; echo "${CFG_ENV[*]}|${CFG_PROXY_ARGS[*]}"')
-    assert r.stdout.strip() == "ENABLE_XLKV=true|--token-ids-to-d"
+    monkeypatch.setenv("SHIM_CHECK", "0")
+    env, _, _, _, proxy = _cfg("shim-ids")
+    assert (env, proxy) == ("ENABLE_XLKV=true", "--token-ids-to-d")
     for version in ("0.26.0", "0.33.0"):
-        assert _lib("VLLM_VERSION=%s; SHIM_CHECK=0; config_supported shim-ids" % version).returncode == 0
+        assert _supported("shim-ids", version)
     for cfg in ("shim-early", "shim-notice", "shim-levers", "shim-all", "nc-shim-levers"):
-        r = _lib("VLLM_VERSION=0.33.0; SHIM_CHECK=0; config_supported %s" % cfg)
-        assert r.returncode == 1 and "unknown config" in r.stdout, (cfg, r.stdout)
-    assert "shim-early" not in open(os.path.join(ROOT, "experiments", "lib.sh")).read()
+        ok, why = configs.supported(cfg, "0.33.0")
+        assert not ok and "unknown config" in why, (cfg, why)
+    assert "shim-early" not in open(configs.__file__).read()
     # the negative control of the proxy lever keeps it and corrupts D's KV
-    r = _lib('PYTHONPATH=/site; config_env nc-shim-ids; echo "${CFG_ENV[*]}|${CFG_D_ENV[*]}|${CFG_PROXY_ARGS[*]}"')
-    assert r.stdout.startswith("ENABLE_XLKV=true|") and "XLKV_NEGATIVE_CONTROL" in r.stdout, r.stdout
-    assert r.stdout.strip().endswith("|--token-ids-to-d"), r.stdout
-    r = _lib('config_env shim-ids; config_env stock; echo "[${CFG_PROXY_ARGS[*]}]"')
-    assert r.stdout.strip() == "[]"
+    monkeypatch.setenv("PYTHONPATH", "/site")
+    env, _, d_env, _, proxy = _cfg("nc-shim-ids")
+    assert env == "ENABLE_XLKV=true" and "XLKV_NEGATIVE_CONTROL" in d_env and proxy == "--token-ids-to-d"
+    assert _cfg("stock")[4] == ""
 
 
 # ------------------------------------------------------------------ model families (issue 32) ----
@@ -619,11 +655,8 @@ def _family_model(tmp_path, family):
 
 
 def test_model_arch_picks_the_generated_models_folder_and_the_reference_needs_stock(tmp_path):
-    assert _lib("model_dir_for qwen3").stdout.strip() == "/tmp/xlkv-model"          # as before
-    assert _lib("model_dir_for deepseek_v2").stdout.strip() == "/tmp/xlkv-model-deepseek_v2"
-    # the model step passes MODEL_ARCH on (make_model.py --arch)
-    text = open(os.path.join(EXP, "run_gpu_cell.sh")).read()
-    assert 'make_model.py" "$(model_dir_for "$MODEL_ARCH")" --arch "$MODEL_ARCH"' in text
+    assert pair.model_dir_for("qwen3") == "/tmp/xlkv-model"          # as before
+    assert pair.model_dir_for("deepseek_v2") == "/tmp/xlkv-model-deepseek_v2"
     e = _env(tmp_path, MODEL=_family_model(tmp_path, "mla"), EQ_CONFIGS="shim")
     r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                        timeout=120)

@@ -1,0 +1,129 @@
+"""The lab's server configurations: one table, one row per config, release gates from the shim's
+release table (gates.py), so adding a bench or equivalence config is one row here.
+
+    supported(name, version) -> (True, "") or (False, why not)
+    server_settings(name, version) -> Settings (env of both servers, D-only env and flags,
+                                      kv_connector_extra_config, proxy flags)
+
+A name ``nc-<config>`` is the negative control of <config>: its settings, and D starts with
+experiments/negative_control/ first on its PYTHONPATH (the hook corrupts the KV D received,
+NC_CORRUPTION says how).
+"""
+
+import json
+import os
+import subprocess
+from collections import namedtuple
+
+from .gates import gate
+from .settings import EXIT_SETUP, NC_DIR, REPO_DIR, die, setting
+
+NEGATIVE_PREFIX = "nc-"
+Settings = namedtuple("Settings", "env d_env d_args kv_extra proxy_args")
+
+#: name -> (what it is, env of both servers, kv_connector_extra_config, D-only env, D-only flags,
+#: proxy flags, needs: "shim" (the shim must support the release), a gate name, "ray")
+ROW = namedtuple("Row", "about env kv_extra d_env d_args proxy_args needs")
+OPT_IN = {"enable_cross_layers_blocks": "true"}
+CONFIGS = {
+    "stock": ROW("NixlConnector as shipped", {}, None, {}, [], [], ()),
+    "prefill_only": ROW("P alone, stock settings (bench only: the physical limit of P/D TTFT)",
+                        {}, None, {}, [], [], ()),
+    "shim": ROW("ENABLE_XLKV=true on P and D (xlkv_autopatch from this checkout)",
+                {"ENABLE_XLKV": "true"}, None, {}, [], [], ("shim",)),
+    "shim-keep-order": ROW("the shim without its descriptor ordering (XLKV_COALESCE=false): the ablation row",
+                           {"ENABLE_XLKV": "true", "XLKV_COALESCE": "false"}, None, {}, [], [], ("shim",)),
+    # vLLM passes kv_connector_extra_config.num_threads to nixl_agent_config (its default is 4)
+    "shim-ucx": ROW("the shim with more NIXL UCX threads (UCX_NUM_THREADS, default 8): the UCX lever's row",
+                    {"ENABLE_XLKV": "true"}, "ucx", {}, [], [], ("shim",)),
+    "shim-ids": ROW("the shim; the proxy gives D P's prompt token ids, not the text (a proxy-side lever)",
+                    {"ENABLE_XLKV": "true"}, None, {}, [], ["--token-ids-to-d"], ("shim",)),
+    "shim-ray": ROW("the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker",
+                    {"ENABLE_XLKV": "true"}, None, {"VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "ENABLE_XLKV"},
+                    ["--distributed-executor-backend", "ray"], [], ("ray", "shim")),
+    "native": ROW("vLLM's own best cross-layer setting without the shim: enable_cross_layers_blocks, "
+                  "VLLM_KV_CACHE_LAYOUT=BLNHC where KV cache layouts are chosen per engine",
+                  "native", None, {}, [], [], ("native",)),
+    "native-v1": ROW("the opt-in with Model Runner V1 (V2, the default there, ignores the opt-in)",
+                     {"VLLM_USE_V2_MODEL_RUNNER": "0"}, OPT_IN, {}, [], [], ("runner-v1",)),
+    "stock-v1": ROW("stock with Model Runner V1, the runner the shim switches to: separates the runner "
+                    "from the layout", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, None, {}, [], [], ("runner-v1",)),
+}
+
+
+def names():
+    return ", ".join(list(CONFIGS) + ["nc-<config>"])
+
+
+def base(name):
+    return name[len(NEGATIVE_PREFIX):] if name.startswith(NEGATIVE_PREFIX) else name
+
+
+def supported(name, version, shim_check=None):
+    """(True, "") when ``name`` can run on vLLM ``version``, else (False, why not)."""
+    row = CONFIGS.get(base(name))
+    if row is None:
+        return False, "unknown config '%s' (%s)" % (name, names())
+    for need in row.needs:
+        if need == "ray":
+            if subprocess.run([setting("PY"), "-c", "import ray"], capture_output=True).returncode != 0:
+                return False, "%s: ray is not importable here (build the bundle with XLKV_BUNDLE_EXTRA=ray)" % name
+        elif need == "shim":
+            ok, why = (shim_check or shim_supported)(version)
+            if not ok:
+                return False, why
+        else:
+            ok, why = gate(need, version)
+            if not ok:
+                return False, why if need != "runner-v1" else "%s\n%s: only meaningful where that default is" % (
+                    why, name)
+    return True, ""
+
+
+def server_settings(name, version):
+    """The Settings of config ``name`` on vLLM ``version``."""
+    row = CONFIGS.get(base(name))
+    if row is None:
+        die(EXIT_SETUP, "unknown config %s" % name)
+    env, kv_extra = row.env, row.kv_extra
+    if env == "native":                 # the layout where layouts are chosen per engine, else the opt-in
+        env, kv_extra = ({"VLLM_KV_CACHE_LAYOUT": "BLNHC"}, None) if gate("layouts", version)[0] else ({}, OPT_IN)
+    if kv_extra == "ucx":
+        kv_extra = {"num_threads": int(setting("UCX_NUM_THREADS", "8"))}
+    d_env = dict(row.d_env)
+    if name.startswith(NEGATIVE_PREFIX):
+        # the hook's sitecustomize.py goes first on D's PYTHONPATH and chains to the next one (the
+        # checkout's, which turns the shim on where ENABLE_XLKV is set)
+        d_env = {"PYTHONPATH": "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", "")),
+                 "XLKV_NEGATIVE_CONTROL": setting("NC_CORRUPTION", "shift")}
+    return Settings(dict(env), d_env, list(row.d_args), json.dumps(kv_extra) if kv_extra else "",
+                    list(row.proxy_args))
+
+
+def shim_supported(version):
+    """Does the shim support the staged vLLM?  Asks ``python -m xlkv_autopatch status --json`` with
+    the flag on.  From a source checkout neither the .pth hook nor the plugin entry point is
+    installed (sitecustomize.py activates it), so that "problem" is not held against it: the
+    release must be in the supported range and at least one patch set must apply without errors.
+    SHIM_CHECK=0 skips the check (tests with a fake vLLM)."""
+    if setting("SHIM_CHECK", "1") == "0":
+        return True, ""
+    env = dict(os.environ, ENABLE_XLKV="true")
+    r = subprocess.run([setting("PY"), "-m", "xlkv_autopatch", "status", "--json"], cwd=REPO_DIR, env=env,
+                       capture_output=True, text=True)
+    try:
+        j = json.loads(r.stdout)
+    except ValueError:
+        j = None
+    if j is None:
+        if r.returncode == 0:
+            return True, ""
+    else:
+        sets = [g for g in j.get("patch_sets", []) if g.get("applies")]
+        good = all("error" not in g and all(p.get("ok", True) for p in g.get("patches", [])) for g in sets)
+        if j.get("supported") and sets and good:
+            return True, ""
+    text = subprocess.run([setting("PY"), "-m", "xlkv_autopatch", "status"], cwd=REPO_DIR, env=env,
+                          capture_output=True, text=True)
+    return False, "shim: xlkv_autopatch does not support vLLM %s here; its status says:\n%s" % (
+        version, "\n".join("    " + line for line in (text.stdout + text.stderr).splitlines()))

@@ -1,0 +1,192 @@
+"""The TTFT benchmark job (experiments/pd_bench.sh): 1P1D with `vllm bench serve` through the
+proxy, stock vs the shim vs vLLM's own opt-in, cells CONFIGS x INPUT_LENS with REPS repetitions.
+
+Settings, the cells it writes and exit codes: experiments/README.md, "pd_bench.sh".  Per
+repetition: its own --seed (no prefix-cache hits; the same seeds for every config), D's NIXL
+counters before and after (descriptors per transfer and per block), the proxy's /timings (where
+P/D time goes).  ``prefill_only`` is P alone with max_tokens=1: the physical limit of P/D TTFT.
+"""
+
+import os
+import shlex
+import socket
+import sys
+import time
+
+from . import configs
+from .client import http_text
+from .cpuchecks import require_gpus_or_cpu_checks
+from .gates import gate
+from .kvmetrics import attention_backend
+from .pair import Pair, log_offset, run_logged
+from .results import bench_cell_to_file
+from .runs import kv_probe, prom_scrape
+from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, int_setting, log, require_vllm, \
+    setting, setup_env
+
+
+def num_prompts_for(length):
+    if setting("NUM_PROMPTS"):
+        return int(setting("NUM_PROMPTS"))
+    return 128 if length <= 2048 else 64
+
+
+def default_configs(version):
+    names = ["stock", "shim", "native"]
+    if gate("runner-v1", version)[0]:
+        names.append("native-v1")
+    return names
+
+
+def _proxy_timings(pair, keep=None):
+    """The proxy's split of the time since the last reset (and reset it); None if unreadable."""
+    try:
+        text = http_text(pair.url("proxy", "/timings?reset=1"), timeout=10.0)
+    except Exception as e:
+        print("GET timings failed: %s" % e, file=sys.stderr)
+        return None
+    if keep:
+        with open(keep, "w") as f:
+            f.write(text)
+    return text
+
+
+def main():
+    state = setting("BENCH_STATE", "fresh")
+    if state not in ("fresh", "fragmented"):
+        die(EXIT_SETUP, "BENCH_STATE must be fresh or fragmented")
+    input_lens = [int(x) for x in setting("INPUT_LENS", "1024 10240").split()]
+    output_len, reps = int_setting("OUTPUT_LEN", "16"), int_setting("REPS", "3")
+    warmup = int_setting("WARMUP_PROMPTS", "4")
+    timeout = int_setting("BENCH_TIMEOUT", "900")
+    extra = shlex.split(setting("BENCH_EXTRA_ARGS", ""))
+    work = setting("WORK")
+    eq_json = setting("EQ_JSON") or os.path.join(work, "equivalence.json")
+    frag_prompts = int_setting("FRAG_PROMPTS", "400")
+
+    setup_env()
+    pair = Pair(None)
+    failed, skipped = 0, []
+    with pair:
+        require_gpus_or_cpu_checks(pair)
+        pair.version = version = require_vllm()
+        pair.ensure_model()
+        names = setting("CONFIGS", "").split() or default_configs(version)
+        ok, why = pair.bench_gpus_ok()
+        if not ok:
+            for cfg in names:
+                if cfg != "prefill_only":
+                    die(EXIT_SETUP, "config %s %s. Run on a machine with %d GPUs (e.g. nvidia-h200-x2), use "
+                        "CONFIGS=prefill_only, or set BENCH_ALLOW_SHARED_GPU=1 to time it anyway."
+                        % (cfg, why, pair.tp_p + pair.tp_d))
+        result_json = setting("RESULT_JSON") or os.path.join(
+            setting("RESULT_DIR") or os.path.join(EXP_DIR, "results"),
+            "%s-%s-%s.json" % (time.strftime("%Y-%m-%d"), version, pair.gpu_slug))
+        os.makedirs(os.path.dirname(os.path.abspath(result_json)), exist_ok=True)
+        os.makedirs(os.path.join(work, "bench"), exist_ok=True)
+        if os.path.exists(pair.commands_file):
+            os.remove(pair.commands_file)
+        log("configs: %s; input lengths: %s; reps: %d; results: %s" % (
+            " ".join(names), " ".join(map(str, input_lens)), reps, result_json))
+        for cfg in names:
+            ok, why = configs.supported(cfg, version)
+            if not ok:
+                print(why, file=sys.stderr)
+                if cfg == "shim":
+                    die(EXIT_UNSUPPORTED, "vLLM %s is not supported by the shim (see above)" % version)
+                skipped.append(cfg)
+                log("skipping %s" % cfg)
+                continue
+            log("=== %s (%s) ===" % (cfg, state))
+            open(pair.commands_file, "w").close()
+            alone = cfg == "prefill_only"
+            if alone:
+                pair.start_prefill_alone(cfg, "bench-" + cfg)
+                url, out_len = pair.url("P", ""), 1
+            else:
+                pair.start_pair(cfg, "bench-" + cfg)
+                pair.use_registration()
+                url, out_len = pair.url("proxy", ""), output_len
+
+            def bench_run(length, n, seed, res, logf):
+                cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+                       "--model", pair.model, "--tokenizer", pair.model, "--base-url", url, "--endpoint",
+                       "/v1/completions", "--dataset-name", "random", "--random-input-len", str(length),
+                       "--random-output-len", str(out_len), "--num-prompts", str(n), "--seed", str(seed),
+                       "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
+                       "50,90,99"]
+                if res:
+                    cmd += ["--save-result", "--result-dir", os.path.dirname(res), "--result-filename",
+                            os.path.basename(res)]
+                cmd += extra
+                pair._note("bench: " + " ".join(cmd))
+                return run_logged(cmd, logf, timeout)
+
+            for length in input_lens:
+                n = num_prompts_for(length)
+                if warmup > 0:
+                    log("%s L=%d: warm-up (%d prompts)" % (cfg, length, warmup))
+                    if not bench_run(length, warmup, 99, "", os.path.join(work, "bench-%s-%d-warmup.log"
+                                                                          % (cfg, length))):
+                        die(EXIT_FAIL, "warm-up failed (%s, L=%d)" % (cfg, length))
+                    if pair.d_log:
+                        pair.wait_kv_lines(pair.d_log, 0, limit=20)
+                if state == "fragmented":
+                    log("%s L=%d: fragmenting the free block queue: %d prompts of mixed lengths around %s"
+                        % (cfg, length, frag_prompts, setting("FRAG_LEN", "2048")))
+                    if not pair.fragmenting_load(url, frag_prompts, 1 if alone else setting("FRAG_OUTPUT_LEN", "16"),
+                                                 os.path.join(work, "bench-%s-%d-fragment.log" % (cfg, length)),
+                                                 timeout=timeout):
+                        die(EXIT_FAIL, "fragmenting load failed (%s, L=%d)" % (cfg, length))
+                results, kvs, proxies = [], [], []
+                for rep in range(1, reps + 1):
+                    seed = 1000 + rep
+                    tag = "%s-%d-%d-r%d-%s" % (cfg, length, n, rep, time.strftime("%H%M%S"))
+                    res = os.path.join(work, "bench", tag + ".json")
+                    logf = os.path.join(work, "bench-%s.log" % tag)
+                    log("%s L=%d rep %d/%d: %d prompts, seed %d" % (cfg, length, rep, reps, n, seed))
+                    if alone:           # prefill_only: no transfers to count
+                        if not bench_run(length, n, seed, res, logf):
+                            log("ERROR: bench run %s failed" % tag)
+                            failed = 1
+                            continue
+                        results.append(res), kvs.append(None), proxies.append(None)
+                        continue
+                    off = log_offset(pair.d_log)
+                    before = prom_scrape(pair.url("D", "/metrics"))
+                    _proxy_timings(pair)                          # the split of this rep only
+                    if not bench_run(length, n, seed, res, logf):
+                        log("ERROR: bench run %s failed" % tag)
+                        failed = 1
+                        continue
+                    with open(logf, errors="replace") as f:
+                        for line in f:
+                            if any(k in line for k in ("Mean TTFT", "Median TTFT", "P99 TTFT", "Mean ITL",
+                                                       "Total token throughput", "Failed requests")):
+                                sys.stderr.write("    " + line)
+                    proxy_file = os.path.join(work, "bench", tag + ".proxy.json")
+                    _proxy_timings(pair, keep=proxy_file)
+                    pair.wait_kv_lines(pair.d_log, off)
+                    after = prom_scrape(pair.url("D", "/metrics"))
+                    kv = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log, pair.d_reg_report)
+                    results.append(res), kvs.append(kv), proxies.append(proxy_file)
+                if not results:
+                    continue
+                meta = {"block_size": int_setting("BLOCK_SIZE"), "tp_p": pair.tp_p, "tp_d": pair.tp_d,
+                        "model": pair.model, "attn_backend": attention_backend(pair.d_log or pair.p_log) or "",
+                        "state": state, "shared_gpu": pair.shared_gpu,
+                        "ucx_cuda_ipc_get_zcopy": os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "")}
+                bench_cell_to_file(result_json, cfg, length, out_len, n, results, kvs, proxies, pair.commands_file,
+                                   pair.bytes_per_block, version, pair.gpu_slug, eq_json,
+                                   "%s-%d" % (socket.gethostname(), int(time.time())), meta)
+            pair.stop_all()
+    if skipped:
+        log("skipped (not in this release): %s" % " ".join(skipped))
+    log("results: %s" % result_json)
+    sys.path.insert(0, EXP_DIR)
+    import report
+    try:
+        report.main([result_json, "--no-plot"])
+    except Exception as e:          # the report is a convenience; the results file is the record
+        log("report.py: %s" % e)
+    return failed

@@ -1,0 +1,197 @@
+"""One command per device call (experiments/run_gpu_cell.sh): run the given steps in order, then
+copy the results, the log tails and this call's console into $OUT (what comes back from the GPU
+machine), also when `timeout` stops the call.
+
+    cell [--bundle DIR] STEP [STEP ...]
+      stage        copy the bundle chunk(s) carried in this call (DIR/p<N>) to /tmp/stage/DIR
+      setup        verify all chunks (MANIFEST) and unpack vLLM into /tmp/site (once)
+      check        is vLLM staged?  (implied by every step below)
+      status       nvidia-smi, GPU topology, `python -m xlkv_autopatch status`
+      model        generate the random-weight model of MODEL_ARCH (default qwen3; deepseek_v2,
+                   gemma3, mqa) into /tmp/xlkv-model (qwen3) or /tmp/xlkv-model-<arch> (if missing)
+      equivalence  the equivalence job (EQ_* settings; EQ_NEGATIVE_CONTROL=stock,shim adds the
+                   negative controls nc-stock / nc-shim to the same call)
+      bench        the bench job (CONFIGS, INPUT_LENS, REPS, NUM_PROMPTS, BENCH_STATE ...)
+      wire         wire_copy.py: a timed GPU0 -> GPU1 copy of one 10240-token request's KV bytes
+                   (wire-<date>.json in the results; needs two GPUs)
+
+Results on the GPU machine: RESULT_DIR (/tmp/xlkv-results; kept while the machine stays warm, so
+several bench calls accumulate into one JSON there); copies go to $OUT each call.  Exit code:
+that of the first failing step.
+"""
+
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from .pair import collect_log_tails, model_dir_for
+from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR, LabExit, run_job, setting, site_version
+
+STEPS = ("stage", "setup", "check", "status", "model", "equivalence", "bench", "wire")
+LOGGREP = re.compile(r"xlkv_autopatch|xlkv negative control|xlkv registration report|KV Transfer metrics|descriptor|"
+                     r"[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR")
+
+
+def _bundle(cmd, bundle):
+    return subprocess.run(["bash", os.path.join(EXP_DIR, "bundle.sh"), cmd, bundle]).returncode
+
+
+def _tee_console(path):
+    """This process's stdout and stderr (and its children's) go to the console file too.  tee runs
+    in its own session: when `timeout` ends the call it signals only this process, and a dead tee
+    would lose what collect() still prints."""
+    tee = subprocess.Popen(["tee", path], stdin=subprocess.PIPE, start_new_session=True)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(tee.stdin.fileno(), 1)
+    os.dup2(tee.stdin.fileno(), 2)
+    return tee
+
+
+def _require_staged(bundle):
+    if not site_version():
+        if bundle and os.path.isdir("/tmp/stage/%s" % os.path.basename(bundle)):
+            print("vLLM not unpacked yet; trying setup of %s" % bundle, flush=True)
+            rc = _bundle("setup", bundle)
+            if rc:
+                return rc
+        else:
+            print("ERROR: no vLLM in %s. Stage a bundle first (experiments/README.md):" % setting("SITE"))
+            print("  one call per chunk: bash experiments/run_gpu_cell.sh --bundle .xfer21 stage   (carry .xfer21/p<N>)")
+            print("  then:               bash experiments/run_gpu_cell.sh --bundle .xfer21 setup", flush=True)
+            return EXIT_SETUP
+    # equivalence summaries are per release, so bench calls can find the right one
+    os.environ.setdefault("EQ_JSON", os.path.join(os.environ["RESULT_DIR"], "equivalence-%s.json" % site_version()))
+    return 0
+
+
+def step(name, bundle):
+    """Runs one step; its exit code."""
+    from . import job_bench, job_equivalence
+    py = setting("PY")
+    if name in ("stage", "setup"):
+        if not bundle:
+            print("%s needs --bundle DIR" % name)
+            return EXIT_SETUP
+        return _bundle(name, bundle)
+    if name == "check":
+        return _require_staged(bundle) or _bundle("check", "")
+    if name == "status":
+        subprocess.run("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv || echo 'no nvidia-smi';"
+                       " nvidia-smi topo -m 2>/dev/null || true", shell=True)
+        rc = _require_staged(bundle)
+        if rc:
+            return rc
+        env = dict(os.environ, PYTHONPATH="%s:%s" % (REPO_DIR, setting("SITE")))
+        for flag in ({}, {"ENABLE_XLKV": "true"}):
+            subprocess.run([py, "-m", "xlkv_autopatch", "status"], env=dict(env, **flag))
+        return 0
+    if name == "model":   # make_model.py skips a model it finished before with the same settings (.complete)
+        if setting("MODEL"):
+            return 0
+        arch = setting("MODEL_ARCH")
+        return subprocess.run([py, os.path.join(EXP_DIR, "make_model.py"), model_dir_for(arch), "--arch", arch],
+                              env=dict(os.environ, PYTHONPATH="")).returncode
+    if name == "equivalence":
+        return _require_staged(bundle) or run_job(job_equivalence.main)
+    if name == "bench":
+        rc = _require_staged(bundle) or run_job(job_bench.main)
+        if rc:
+            return rc
+        wires = sorted(glob.glob(os.path.join(os.environ["RESULT_DIR"], "wire-*.json")))
+        for f in sorted(glob.glob(os.path.join(os.environ["RESULT_DIR"], "20*.json"))):
+            subprocess.run([py, os.path.join(EXP_DIR, "report.py"), f] + (["--wire", wires[-1]] if wires else []),
+                           stdout=subprocess.DEVNULL)
+        return 0
+    if name == "wire":    # the image's torch is enough for a copy; no vLLM needed
+        return subprocess.run([py, os.path.join(EXP_DIR, "wire_copy.py"), "--out", os.path.join(
+            os.environ["RESULT_DIR"], "wire-%s.json" % time.strftime("%Y-%m-%d"))]).returncode
+    print("unknown step '%s' (%s)" % (name, " ".join(STEPS)))
+    return EXIT_SETUP
+
+
+def collect(rc, work, out, result_dir, console):
+    """The call's files into OUT: log tails and extracts, the staged release's results, the CPU
+    checks' results, D's registration reports, the console."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # never stop half-way through copying
+    if rc:
+        print("run_gpu_cell: stopped with exit %d at %s" % (rc, time.strftime("%H:%M:%SZ", time.gmtime())))
+    try:
+        collect_log_tails(work, os.path.join(out, "logtails.txt"))
+    except OSError:
+        pass
+    logs = sorted(glob.glob(os.path.join(work, "eq-*.log")) + glob.glob(os.path.join(work, "bench-*-[pd].log")))
+    n = 0
+    with open(os.path.join(out, "loggrep.txt"), "w") as g:
+        for path in logs:
+            with open(path, errors="replace") as f:
+                for i, line in enumerate(f, 1):
+                    if n < 3000 and LOGGREP.search(line):
+                        g.write(("%s:%d:%s" % (path, i, line.rstrip("\n")))[:600] + "\n")
+                        n += 1
+    # only the staged release's results: the device tool returns a limited number of files, and
+    # a second release's files would crowd out the logs (seen in the fourth session)
+    ver, other = site_version(), []
+    for pattern in ("*.json", "*.md", "*.png"):
+        for f in sorted(glob.glob(os.path.join(result_dir, pattern))):
+            n = os.path.basename(f)
+            if not ver or "-%s-" % ver in n or n.endswith("-%s.json" % ver) or n.startswith("wire-"):
+                shutil.copy(f, out)
+            else:
+                other.append(n)
+    if other:
+        print("run_gpu_cell: kept on the machine (not vLLM %s): %s" % (ver, " ".join(other)))
+    for f in [os.path.join(work, "cpu-stock.json"), os.path.join(work, "cpu-xlkv.json")] + \
+            sorted(glob.glob(os.path.join(work, "*-registration.json"))):
+        if os.path.isfile(f):
+            shutil.copy(f, out)
+    print("run_gpu_cell: exit %d; files in $OUT: %s console.txt" % (rc, " ".join(sorted(os.listdir(out)))),
+          flush=True)
+    sys.stderr.flush()
+    time.sleep(0.3)
+    try:
+        shutil.copy(console, os.path.join(out, "console.txt"))
+    except OSError:
+        pass
+
+
+def main(argv):
+    bundle = ""
+    if argv[:1] == ["--bundle"]:
+        if len(argv) < 2:
+            print("--bundle DIR")
+            return EXIT_SETUP
+        bundle, argv = argv[1], argv[2:]
+    if not argv:
+        print(__doc__.split("\n\n")[1])
+        return EXIT_SETUP
+    os.environ.setdefault("SITE", "/tmp/site")
+    os.environ.setdefault("WORK", "/tmp/xlkv-exp")
+    os.environ.setdefault("RESULT_DIR", "/tmp/xlkv-results")
+    work, result_dir = os.environ["WORK"], os.environ["RESULT_DIR"]
+    out = os.environ.get("OUT") or os.path.join(work, "out")
+    for d in (work, result_dir, out):
+        os.makedirs(d, exist_ok=True)
+    console = os.path.join(work, "console-%s.txt" % time.strftime("%H%M%S"))
+    _tee_console(console)
+    os.chdir(REPO_DIR)
+
+    def stopped(signum, frame):
+        raise LabExit(143 if signum == signal.SIGTERM else 130)
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
+    rc = 0
+    try:
+        for name in argv:
+            print("===== step: %s (%s) =====" % (name, time.strftime("%H:%M:%SZ", time.gmtime())), flush=True)
+            rc = step(name, bundle)
+            if rc:
+                break
+    except LabExit as e:
+        rc = e.code
+    collect(rc, work, out, result_dir, console)
+    return rc

@@ -1,0 +1,215 @@
+"""The equivalence job (experiments/pd_equivalence.sh): greedy outputs of P/D with and without
+the shim, the KV every P/D answer moved, the shim's descriptors per block, negative controls.
+
+What it checks, its settings (EQ_*) and exit codes: experiments/README.md, "pd_equivalence.sh".
+For each config in EQ_CONFIGS a fresh 1P1D pair serves the fixed prompts (a) to D alone (local
+prefill) and (b) through the proxy (P/D, with the blocks D pulled per request); then a
+single-request probe of PROBE_LEN tokens gives the descriptors per block (id).  A negative
+control ``nc-<cfg>`` runs right after <cfg> with P kept and only D restarted.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+from . import configs
+from .cpuchecks import require_gpus_or_cpu_checks
+from .pair import Pair, log_offset
+from .runs import corruption_description, kv_probe, load_json, prom_scrape, run_to_file, summary_to_file
+from .settings import (EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, die, int_setting, log, require_vllm, setting,
+                       setup_env, vllm_package_dir)
+from .vllminfo import vllm_has_batch_invariant
+
+REFERENCES = ("auto", "local", "pd-stock", "pd-stock-v1")
+
+
+def _lens(text):
+    return [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+
+
+def _batch_invariant(version):
+    """EQ_BATCH_INVARIANT=auto|1|0 -> True when every server gets VLLM_BATCH_INVARIANT=1."""
+    want = setting("EQ_BATCH_INVARIANT", "auto")
+    os.environ.pop("VLLM_BATCH_INVARIANT", None)
+    pkg = vllm_package_dir()
+    known = bool(pkg) and vllm_has_batch_invariant(pkg)
+    if want == "0":
+        log("kernels: vLLM defaults (EQ_BATCH_INVARIANT=0)")
+        return False
+    if known:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        log("kernels: VLLM_BATCH_INVARIANT=1 (deterministic; EQ_BATCH_INVARIANT=0 for vLLM's defaults)")
+        return True
+    if want == "1":
+        die(EXIT_SETUP, "EQ_BATCH_INVARIANT=1, but vLLM %s does not know VLLM_BATCH_INVARIANT (it would be ignored). "
+            "Use EQ_BATCH_INVARIANT=0." % version)
+    log("kernels: vLLM defaults (vLLM %s has no VLLM_BATCH_INVARIANT)" % version)
+    return False
+
+
+def _check_options():
+    if setting("EQ_BATCH_INVARIANT", "auto") not in ("auto", "0", "1"):
+        die(EXIT_SETUP, "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '%s')" % setting("EQ_BATCH_INVARIANT"))
+    if setting("EQ_REFERENCE", "auto") not in REFERENCES:
+        die(EXIT_SETUP, "EQ_REFERENCE must be auto, local, pd-stock or pd-stock-v1 (got '%s')"
+            % setting("EQ_REFERENCE"))
+
+
+def _order(eq_configs, nc_configs):
+    """Each negative control right after its own config (it keeps that config's P)."""
+    ordered = []
+    for cfg in eq_configs:
+        ordered.append(cfg)
+        ordered += [c for c in nc_configs if c == configs.NEGATIVE_PREFIX + cfg]
+    return ordered + [c for c in nc_configs if c not in ordered]
+
+
+def main():
+    _check_options()
+    eq_configs = setting("EQ_CONFIGS", "stock shim").split()
+    lengths_text = setting("EQ_LENGTHS", "5,17,100,1000,2049,4097")
+    lengths = _lens(lengths_text)
+    max_tokens, n_logprobs = int_setting("EQ_MAX_TOKENS", "32"), int_setting("EQ_LOGPROBS", "5")
+    tol = float(setting("EQ_LOGPROB_TOL", "0"))
+    nc_request = setting("EQ_NEGATIVE_CONTROL", "")
+    corruption_how = setting("NC_CORRUPTION", "shift")
+    nc_lengths = _lens(setting("EQ_NC_LENGTHS") or lengths_text)
+    kv_wait = float(setting("EQ_KV_WAIT", "15"))
+    probe_len = int_setting("PROBE_LEN", "1600")
+    work = setting("WORK")
+    eq_json = setting("EQ_JSON") or os.path.join(work, "equivalence.json")
+    serve_args = os.environ.get("EQ_SERVE_ARGS", "--no-enable-prefix-caching")
+    os.environ["SERVE_EXTRA_ARGS"] = "%s %s" % (serve_args, setting("SERVE_EXTRA_ARGS"))
+    fragment_n = int_setting("EQ_FRAGMENT", "0")
+    include = setting("EQ_INCLUDE", "").split()
+
+    setup_env()
+    pair = Pair(None)
+    with pair:
+        require_gpus_or_cpu_checks(pair)
+        pair.version = version = require_vllm()
+        pair.ensure_model()
+        reference = setting("EQ_REFERENCE", "auto")
+        if reference == "auto":
+            reference = "pd-stock" if pair.model_family in ("mla", "sliding-hybrid") else "local"
+            log("reference: %s (EQ_REFERENCE=auto, a %s model)" % (reference, pair.model_family))
+        else:
+            log("reference: %s" % reference)
+        if reference.startswith("pd-"):
+            ref_cfg = reference[len("pd-"):]
+            if ref_cfg not in eq_configs + include:
+                die(EXIT_SETUP, "EQ_REFERENCE=%s compares with %s P/D: put %s in EQ_CONFIGS (or EQ_INCLUDE from "
+                    "an earlier call)" % (reference, ref_cfg, ref_cfg))
+        # a fresh start, except the files of the configs EQ_INCLUDE takes from an earlier call
+        keep = {"eq-%s-%s.json" % (k, c) for c in include for k in ("local", "pd", "probe")} | \
+            {"eq-%s-d-registration.json" % c for c in include}
+        for name in os.listdir(work):
+            if name.startswith("eq-") and name.endswith((".json", ".log")) and name not in keep:
+                os.remove(os.path.join(work, name))
+        if os.path.exists(pair.commands_file):
+            os.remove(pair.commands_file)
+        batch_invariant = _batch_invariant(version)
+        if corruption_how not in ("shift", "swap-layers"):
+            die(EXIT_SETUP, "NC_CORRUPTION must be shift or swap-layers (got '%s')" % corruption_how)
+        nc_configs = [configs.NEGATIVE_PREFIX + c for c in nc_request.replace(",", " ").split()]
+        for n in nc_lengths:
+            if n not in lengths:
+                die(EXIT_SETUP, "EQ_NC_LENGTHS: %d is not in EQ_LENGTHS (%s): a control needs the baseline's answer"
+                    % (n, lengths_text))
+        run_configs = []
+        for cfg in _order(eq_configs, nc_configs):
+            ok, why = configs.supported(cfg, version)
+            if ok:
+                run_configs.append(cfg)
+                continue
+            print(why, file=sys.stderr)
+            if cfg in ("shim", "nc-shim"):
+                die(EXIT_UNSUPPORTED, "vLLM %s is not supported by the shim (see above)" % version)
+            log("skipping %s" % cfg)
+        if not run_configs:
+            die(EXIT_SETUP, "no config to run")
+
+        pd_url, local_url = pair.url("proxy", "/v1/completions"), pair.url("D", "/v1/completions")
+        prom_d = pair.url("D", "/metrics")
+        runs, probes = {}, {}
+        running = None      # the config whose pair still runs (kept for its negative control)
+        path = lambda name: os.path.join(work, name)
+        for cfg in run_configs:
+            log("=== %s ===" % cfg)
+            if running and cfg == configs.NEGATIVE_PREFIX + running:
+                pair.restart_decode(cfg, "eq-" + cfg)
+            else:
+                pair.stop_all()
+                pair.start_pair(cfg, "eq-" + cfg)
+            pair.use_registration()
+            if fragment_n > 0:
+                log("%s: fragmenting the free block queues: %d prompts of mixed lengths around %s"
+                    % (cfg, fragment_n, setting("FRAG_LEN", "2048")))
+                if not pair.fragmenting_load(pair.url("proxy", ""), fragment_n, setting("FRAG_OUTPUT_LEN", "16"),
+                                             path("eq-fragment-%s.log" % cfg)):
+                    die(EXIT_FAIL, "fragmenting load failed (%s)" % cfg)
+            running = None
+            pd_kw = dict(prom_url=prom_d, bytes_per_block=pair.bytes_per_block, kv_wait=kv_wait, logprobs=n_logprobs)
+            if cfg.startswith(configs.NEGATIVE_PREFIX):   # only P/D, through a D that corrupts what it received
+                runs["pd:" + cfg] = run_to_file(pd_url, pair.model, "pd:" + cfg, nc_lengths, max_tokens,
+                                                path("eq-pd-%s.json" % cfg), **pd_kw)
+                with open(pair.d_log, errors="replace") as f:
+                    lines = [l for l in f if "xlkv negative control:" in l][:3]
+                if lines:
+                    sys.stderr.write("".join(lines))
+                else:
+                    log("WARNING: no negative-control line in %s" % pair.d_log)
+                pair.stop_all()
+                continue
+            # (a) local prefill on D, then (b) P/D through the proxy (with the KV D pulled per request)
+            runs["local:" + cfg] = run_to_file(local_url, pair.model, "local:" + cfg, lengths, max_tokens,
+                                               path("eq-local-%s.json" % cfg), logprobs=n_logprobs)
+            runs["pd:" + cfg] = run_to_file(pd_url, pair.model, "pd:" + cfg, lengths, max_tokens,
+                                            path("eq-pd-%s.json" % cfg), **pd_kw)
+            # descriptor probe: one request of PROBE_LEN tokens (a whole number of blocks), alone;
+            # first let the lines of the runs above be written (at most 20 s, or KV_WAIT if less)
+            pair.wait_kv_lines(pair.d_log, 0, limit=min(float(setting("KV_WAIT", "60")), 20))
+            off = log_offset(pair.d_log)
+            before = prom_scrape(prom_d)
+            run_to_file(pd_url, pair.model, "probe:" + cfg, [probe_len], 2, path("eq-probe-run-%s.json" % cfg),
+                        seed=7, logprobs=0, quiet=True)
+            pair.wait_kv_lines(pair.d_log, off)
+            after = prom_scrape(prom_d)
+            for n, d in (("eq-prom0-%s.json" % cfg, before), ("eq-prom1-%s.json" % cfg, after)):
+                with open(path(n), "w") as f:
+                    json.dump(d, f)
+            probes[cfg] = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log,
+                                   pair.d_reg_report, probe_len, int_setting("BLOCK_SIZE"))
+            with open(path("eq-probe-%s.json" % cfg), "w") as f:
+                json.dump(probes[cfg], f, sort_keys=True)
+            running = cfg
+        pair.stop_all()
+    for cfg in include:      # runs of an earlier call (same WORK)
+        found = False
+        for kind in ("local", "pd"):
+            d = load_json(path("eq-%s-%s.json" % (kind, cfg)))
+            if d is not None:
+                runs[d["label"]] = d["results"]
+                found = True
+        probe = load_json(path("eq-probe-%s.json" % cfg))
+        if probe is not None:
+            probes[cfg] = probe
+        if not found:
+            die(EXIT_SETUP, "EQ_INCLUDE: no run files of %s in %s" % (cfg, work))
+        log("included from an earlier call: %s" % cfg)
+    meta = {"model_family": pair.model_family, "reference": reference, "vllm_version": version,
+            "gpu": pair.gpu_slug, "model": pair.model, "block_size": int_setting("BLOCK_SIZE"),
+            "tp_p": pair.tp_p, "tp_d": pair.tp_d, "probe_len": probe_len, "max_tokens": max_tokens,
+            "serve_args": " ".join(os.environ["SERVE_EXTRA_ARGS"].split()), "batch_invariant": batch_invariant,
+            "logprobs": n_logprobs,
+            "negative_control_requested": nc_request + (" (included: %s)" % " ".join(include) if include else ""),
+            "fragment_prompts": fragment_n, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    corruption = None
+    if nc_configs or any(c.startswith(configs.NEGATIVE_PREFIX) for c in include):
+        corruption = corruption_description(corruption_how)
+    s = summary_to_file(runs, probes, lengths, meta, eq_json, logprob_tol=tol, corruption=corruption,
+                        reference=reference)
+    log("summary JSON: %s" % eq_json)
+    return 0 if s["pass"] else EXIT_FAIL

@@ -1,0 +1,444 @@
+"""One prefill (P) and one decode (D) vLLM server with NixlConnector, and the P/D proxy
+(pd_proxy.py): GPUs, ports, start, readiness, stop, the model they serve, and D's KV lines.
+
+    lab = Pair(version)          # after settings.setup_env() and require_vllm()
+    lab.detect_gpus()            # False: none here
+    lab.ensure_model()
+    lab.start_pair("shim", "eq-shim"); lab.use_registration(); ...; lab.stop_all()
+
+Every server runs in its own process group (``setsid``), so stopping it ends its engine-core
+and worker children too; ``stop_all`` runs on every exit of a job (jobs use ``with Pair(...)``).
+"""
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from . import configs
+from .gates import gate
+from .kvmetrics import NotDense, load_registration, model_block_bytes, model_family, registration_bytes_per_block
+from .results import gpu_slug
+from .settings import EXIT_SETUP, EXP_DIR, NC_DIR, die, int_setting, log, setting
+
+
+def port_in_use(port):
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        return s.connect_ex(("127.0.0.1", int(port))) == 0
+    finally:
+        s.close()
+
+
+def require_ports_free(*ports):
+    for p in ports:
+        if port_in_use(p):
+            who = ""
+            try:
+                out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+                who = next((l for l in out.splitlines() if re.search(r"[:.]%s\b" % p, l)), "")
+            except OSError:
+                pass
+            die(EXIT_SETUP, "port %s is in use%s. Stop that process or set PORT_P/PORT_D/PORT_PROXY/SIDE_P/SIDE_D."
+                % (p, " (%s)" % who if who else ""))
+
+
+def http_ok(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return 200 <= r.status < 300
+    except Exception:
+        return False
+
+
+def gpu_names():
+    """The GPUs nvidia-smi lists ([] when there is none or no nvidia-smi)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True).stdout
+    except OSError:
+        return []
+    return [l for l in out.splitlines() if l.strip()]
+
+
+def model_dir_for(arch):
+    """Where the generated model of a family lives (qwen3: the old place)."""
+    return "/tmp/xlkv-model" if arch == "qwen3" else "/tmp/xlkv-model-%s" % arch
+
+
+def split_gpus(ngpu, tp_p, tp_d):
+    """(P's GPUs, D's GPUs, shared): everybody their own GPUs where there are enough, else P from
+    the front and D from the back; LabExit when there are fewer GPUs than the larger TP."""
+    need, most = tp_p + tp_d, max(tp_p, tp_d)
+    if ngpu >= need:
+        return list(range(tp_p)), list(range(tp_p, need)), False
+    if ngpu >= most:
+        return list(range(tp_p)), list(range(ngpu - tp_d, ngpu)), True
+    die(EXIT_SETUP, "TP_P=%d TP_D=%d need at least %d GPUs; this machine has %d" % (tp_p, tp_d, most, ngpu))
+
+
+class Pair:
+    """The servers of one job and what they serve."""
+
+    def __init__(self, version):
+        self.version = version
+        self.work = setting("WORK")
+        os.makedirs(self.work, exist_ok=True)
+        self.commands_file = os.path.join(self.work, "commands.txt")
+        self.procs = []            # [(name, Popen, log)]
+        self.tp_p, self.tp_d = int_setting("TP_P"), int_setting("TP_D")
+        self.ngpu, self.gpu_names, self.gpu_slug = 0, [], "cpu"
+        self.p_gpus = self.d_gpus = ""
+        self.shared_gpu, self.mem_util = False, setting("GPU_MEM_UTIL")
+        self.model = self.model_family = None
+        self.bytes_per_block = self.dense_bytes_per_block = 0
+        self.bpb_source = None
+        self.p_log = self.d_log = self.proxy_log = None
+        self.d_reg_report = None
+        self.proxy_args = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_all()
+        return False
+
+    # ------------------------------------------------------------------ GPUs
+    def detect_gpus(self):
+        """Counts the GPUs; False when there are none."""
+        self.gpu_names = gpu_names()
+        self.ngpu = len(self.gpu_names)
+        self.gpu_slug = gpu_slug(self.gpu_names)
+        os.environ["NGPU"], os.environ["GPU_SLUG"] = str(self.ngpu), self.gpu_slug
+        return self.ngpu > 0
+
+    def assign_gpus(self):
+        p, d, self.shared_gpu = split_gpus(self.ngpu, self.tp_p, self.tp_d)
+        self.p_gpus, self.d_gpus = ",".join(map(str, p)), ",".join(map(str, d))
+        self.mem_util = setting("GPU_MEM_UTIL_SHARED") if self.shared_gpu else setting("GPU_MEM_UTIL")
+        log("GPU split: P on [%s] (TP %d), D on [%s] (TP %d), memory utilization %s%s" % (
+            self.p_gpus, self.tp_p, self.d_gpus, self.tp_d, self.mem_util, ", shared GPU" if self.shared_gpu else ""))
+        self.shared_gpu_ucx()
+
+    def shared_gpu_ucx(self):
+        """On a shared GPU the servers get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y unless the caller set it.
+        UCX turns cuda_ipc's get-zcopy (NIXL's READ) off when it sees no NVLink, which it never does
+        with one GPU; READs then go through software emulation over tcp/lo.  Measured 2026-11-24 on
+        1xH100 (experiments/probes/ucx_same_gpu.py, two processes): 1.17 GB in 2.85-3.08 s (0.40
+        GB/s) with UCX's default, 0.91 ms (1292 GB/s) with the variable."""
+        if self.shared_gpu and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in os.environ:
+            os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = "y"
+            log("shared GPU: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (UCX's default turns cuda_ipc READs off without "
+                "NVLink: 0.4 GB/s)")
+
+    def bench_gpus_ok(self):
+        """(True, "") when a P/D TTFT means something here: P and D on their own GPUs, a shared GPU
+        with cuda_ipc READs on (shared_gpu_ucx sets them), or BENCH_ALLOW_SHARED_GPU=1."""
+        need = self.tp_p + self.tp_d
+        if self.ngpu >= need or setting("BENCH_ALLOW_SHARED_GPU", "0") == "1":
+            return True, ""
+        zcopy = os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+        if zcopy is None or zcopy in ("y", "yes", "on", "1"):
+            return True, ""
+        return False, ("needs %d GPUs (P: %d, D: %d) and this machine has %d: P and D would share a GPU, and with "
+                       "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=%s UCX moves KV between two processes on one GPU at 0.1-0.4 "
+                       "GB/s, so the TTFT would measure that path, not the connector (unset it: the bench sets y on "
+                       "a shared GPU)" % (need, self.tp_p, self.tp_d, self.ngpu, zcopy))
+
+    # ------------------------------------------------------------------ model
+    def ensure_model(self):
+        """MODEL when given; otherwise the random model of MODEL_ARCH, generated once
+        (make_model.py returns at once when its folder holds one made with the same settings)."""
+        model = setting("MODEL")
+        if model:
+            if not os.path.isfile(os.path.join(model, "config.json")):
+                die(EXIT_SETUP, "MODEL=%s has no config.json" % model)
+        else:
+            model = model_dir_for(setting("MODEL_ARCH"))
+            r = subprocess.run([setting("PY"), os.path.join(EXP_DIR, "make_model.py"), model, "--arch",
+                                setting("MODEL_ARCH")], env=dict(os.environ, PYTHONPATH=""), stdout=sys.stderr)
+            if r.returncode != 0:
+                die(EXIT_SETUP, "make_model.py failed")
+        os.environ["MODEL"] = self.model = model
+        self.model_family = model_family(model)
+        try:
+            self.bytes_per_block = model_block_bytes(model, int_setting("BLOCK_SIZE"), max(self.tp_p, self.tp_d))
+        except NotDense:
+            self.bytes_per_block = 0
+        self.dense_bytes_per_block = self.bytes_per_block
+        log("model %s (%s)" % (model, self.model_family))
+
+    def use_registration(self):
+        """After D is ready: the bytes one block id moves, from D's registration report.  Without a
+        report a dense model keeps the dense formula (said); a non-dense one gets 0 (blocks per
+        transfer and descriptors per block then stay unknown, never wrong)."""
+        bpb = 0
+        if self.d_reg_report and os.path.isfile(self.d_reg_report):
+            bpb = registration_bytes_per_block(load_registration(self.d_reg_report))[0] or 0
+        if bpb:
+            self.bytes_per_block, self.bpb_source = bpb, "registration"
+            log("bytes per block id: %d (D's registration report %s)" % (bpb, os.path.basename(self.d_reg_report)))
+        elif self.model_family == "dense" and self.dense_bytes_per_block:
+            self.bytes_per_block, self.bpb_source = self.dense_bytes_per_block, "dense formula"
+            log("NOTE: no usable registration report from D%s: bytes per block from the dense K/V formula (%d)"
+                % (" (%s)" % self.d_reg_report if self.d_reg_report else "", self.bytes_per_block))
+        else:
+            self.bytes_per_block, self.bpb_source = 0, "none"
+            log("WARNING: no usable registration report from D%s for a %s model: blocks per transfer unknown"
+                % (" (%s)" % self.d_reg_report if self.d_reg_report else "", self.model_family))
+
+    # ------------------------------------------------------------------ servers
+    def _note(self, line):
+        with open(self.commands_file, "a") as f:
+            f.write(line + "\n")
+
+    def start_server(self, name, cfg, port, side, gpus, tp, logf):
+        s = configs.server_settings(cfg, self.version)
+        kvcfg = '{"kv_connector":"NixlConnector","kv_role":"kv_both"'
+        if s.kv_extra:
+            kvcfg += ',"kv_connector_extra_config":%s' % s.kv_extra
+        kvcfg += "}"
+        envs = [("CUDA_VISIBLE_DEVICES", gpus), ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(side)), ("UCX_NET_DEVICES", "all")]
+        if self.shared_gpu and os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY"):
+            envs.append(("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"]))
+        if not gate("layouts", self.version)[0]:      # NIXL (and the cross-layer path) need HND there
+            envs.append(("VLLM_KV_CACHE_LAYOUT", setting("KV_LAYOUT", "HND")))
+        envs += list(s.env.items())
+        is_d = name.startswith("D")
+        if is_d:
+            envs += list(s.d_env.items())
+            # the registration report (every config, stock too): the negative-control folder's import
+            # hook on D's PYTHONPATH (nc-* configs have it there already) reads what vLLM registered
+            self.d_reg_report = None
+            if setting("REG_REPORT") == "1":
+                self.d_reg_report = logf[:-len(".log")] + "-registration.json" if logf.endswith(".log") else \
+                    logf + "-registration.json"
+                if os.path.exists(self.d_reg_report):
+                    os.remove(self.d_reg_report)
+                if "PYTHONPATH" not in s.d_env:
+                    envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
+                envs.append(("XLKV_REGISTRATION_REPORT", self.d_reg_report))
+        cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host", "127.0.0.1",
+               "--port", str(port), "--enforce-eager", "--block-size", setting("BLOCK_SIZE"),
+               "--gpu-memory-utilization", self.mem_util, "--max-model-len", setting("MAX_MODEL_LEN"),
+               "--kv-transfer-config", kvcfg]
+        if tp > 1:
+            cmd += ["--tensor-parallel-size", str(tp)]
+        cmd += shlex.split(setting("SERVE_EXTRA_ARGS"))
+        if is_d:
+            cmd += s.d_args
+        self.proxy_args = s.proxy_args
+        self._note("%s: %s %s" % (name, " ".join("%s=%s" % kv for kv in envs), " ".join(cmd)))
+        log("start %s (%s) on :%s, GPUs [%s], log %s" % (name, cfg, port, gpus, logf))
+        env = dict(os.environ)
+        env.update(envs)
+        with open(logf, "w") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.procs.append((name, proc, logf))
+        return proc
+
+    def wait_ready(self, name, url, proc, logf, timeout=None):
+        timeout = int_setting("READY_TIMEOUT") if timeout is None else timeout
+        t0 = time.monotonic()
+        while not http_ok(url):
+            why = None
+            if proc.poll() is not None:
+                why = "%s exited before it was ready (see %s)" % (name, logf)
+            elif time.monotonic() - t0 >= timeout:
+                why = "%s did not answer %s within %ds (see %s)" % (name, url, timeout, logf)
+            if why:
+                print("---- last 60 lines of %s ----" % logf, file=sys.stderr)
+                with open(logf, errors="replace") as f:
+                    sys.stderr.write("".join(f.readlines()[-60:]))
+                die(EXIT_SETUP, why)
+            time.sleep(2)
+        log("%s ready after %ds" % (name, time.monotonic() - t0))
+
+    def url(self, which, path):
+        port = {"P": setting("PORT_P"), "D": setting("PORT_D"), "proxy": setting("PORT_PROXY")}[which]
+        return "http://127.0.0.1:%s%s" % (port, path)
+
+    def start_pair(self, cfg, tag):
+        """P, D and the proxy; logs under WORK/TAG-{p,d,proxy}.log."""
+        require_ports_free(*(setting(k) for k in ("PORT_P", "PORT_D", "PORT_PROXY", "SIDE_P", "SIDE_D")))
+        self.assign_gpus()
+        self.p_log, self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x))
+                                                  for x in ("p", "d", "proxy"))
+        p = self.start_server("P[%s]" % cfg, cfg, setting("PORT_P"), setting("SIDE_P"), self.p_gpus, self.tp_p,
+                              self.p_log)
+        # on a shared GPU vLLM's memory profiling of one instance must not see the other one still
+        # growing: start them one after the other
+        if self.shared_gpu:
+            self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
+        d = self.start_server("D[%s]" % cfg, cfg, setting("PORT_D"), setting("SIDE_D"), self.d_gpus, self.tp_d,
+                              self.d_log)
+        self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
+        self.wait_ready("D[%s]" % cfg, self.url("D", "/health"), d, self.d_log)
+        self.start_proxy()
+        if configs.base(cfg).startswith("shim"):
+            self.check_shim_active(self.p_log, self.d_log)
+        if cfg.startswith(configs.NEGATIVE_PREFIX):
+            self.check_negative_control_active(self.d_log)
+
+    def start_prefill_alone(self, cfg, tag):
+        """P alone with stock settings (the bench's prefill_only)."""
+        require_ports_free(setting("PORT_P"), setting("SIDE_P"))
+        self.assign_gpus()
+        self.p_log, self.d_log, self.d_reg_report = os.path.join(self.work, "%s-p.log" % tag), None, None
+        p = self.start_server("P[%s]" % cfg, "stock", setting("PORT_P"), setting("SIDE_P"), self.p_gpus, self.tp_p,
+                              self.p_log)
+        self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
+
+    def restart_decode(self, cfg, tag):
+        """Keeps P of the running pair and replaces D and the proxy by a D with ``cfg``'s settings:
+        a negative control right after its own config (P is the same; one start-up saved)."""
+        keep = []
+        for name, proc, logf in reversed(self.procs):
+            if name.startswith("D[") or name == "proxy":
+                self._stop(proc)
+            else:
+                keep.insert(0, (name, proc, logf))
+        self.procs = keep
+        t0 = time.monotonic()
+        while any(port_in_use(setting(k)) for k in ("PORT_D", "PORT_PROXY", "SIDE_D")) and time.monotonic() - t0 < 30:
+            time.sleep(1)
+        require_ports_free(setting("PORT_D"), setting("PORT_PROXY"), setting("SIDE_D"))
+        log("restarting D as %s (P kept)" % cfg)
+        self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x)) for x in ("d", "proxy"))
+        d = self.start_server("D[%s]" % cfg, cfg, setting("PORT_D"), setting("SIDE_D"), self.d_gpus, self.tp_d,
+                              self.d_log)
+        self.wait_ready("D[%s]" % cfg, self.url("D", "/health"), d, self.d_log)
+        self.start_proxy()
+        if cfg.startswith(configs.NEGATIVE_PREFIX):
+            self.check_negative_control_active(self.d_log)
+
+    def start_proxy(self):
+        cmd = [setting("PY"), os.path.join(EXP_DIR, "pd_proxy.py"), "--port", setting("PORT_PROXY"),
+               "--prefill", self.url("P", ""), "--decode", self.url("D", "")] + list(self.proxy_args)
+        with open(self.proxy_log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.procs.append(("proxy", proc, self.proxy_log))
+        self.wait_ready("proxy", self.url("proxy", "/health"), proc, self.proxy_log, 60)
+
+    def check_shim_active(self, *logs):
+        """A hint only (the descriptor count is the proof): the shim logs "... is active"."""
+        pattern = re.compile(setting("XLKV_ACTIVE_RE"))
+        for f in logs:
+            with open(f, errors="replace") as fh:
+                if not pattern.search(fh.read()):
+                    log("WARNING: no line matching /%s/ in %s: is the shim active there?" % (pattern.pattern, f))
+
+    def check_negative_control_active(self, logf):
+        with open(logf, errors="replace") as fh:
+            if "xlkv negative control: armed" not in fh.read():
+                log("WARNING: the negative-control hook did not load in D (%s)" % logf)
+
+    def _stop(self, proc):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 15)
+            except OSError:
+                pass
+        try:
+            proc.wait(int_setting("STOP_TIMEOUT"))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, 9)
+            except OSError:
+                pass
+            proc.wait()
+
+    def stop_all(self):
+        """Stops every process group started here, newest first, and waits for the ports."""
+        for _, proc, _ in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                except OSError:
+                    pass
+        for _, proc, _ in self.procs:
+            self._stop(proc)
+        t0 = time.monotonic()
+        while any(port_in_use(setting(k)) for k in ("PORT_P", "PORT_D", "PORT_PROXY")) and time.monotonic() - t0 < 30:
+            time.sleep(1)
+        if self.procs:
+            log("stopped %s" % " ".join(name for name, _, _ in self.procs))
+        self.procs = []
+
+    # ------------------------------------------------------------------ load and D's KV lines
+    def fragmenting_load(self, url, n, out_len, logf, timeout=None):
+        """The churning load that fragments the free block queues: N random prompts of FRAG_LEN x
+        [0.1, 1.9] tokens (seed 77), OUT_LEN output tokens each, all sent at once to URL.  False
+        (and the log's tail on stderr) when it failed."""
+        cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm", "--model",
+               self.model, "--tokenizer", self.model, "--base-url", url, "--endpoint", "/v1/completions",
+               "--dataset-name", "random", "--random-input-len", setting("FRAG_LEN", "2048"), "--random-output-len",
+               str(out_len), "--random-range-ratio", "0.9", "--num-prompts", str(n), "--seed", "77", "--ignore-eos"]
+        self._note("fragment: " + " ".join(cmd))
+        ok = run_logged(cmd, logf, int(timeout or setting("FRAG_TIMEOUT", "900")))
+        if ok:
+            with open(logf, errors="replace") as f:
+                for line in f:
+                    if "Successful requests" in line or "Failed requests" in line:
+                        sys.stderr.write("    " + line)
+        return ok
+
+    def wait_kv_lines(self, logf, offset, limit=None):
+        """Waits until a "KV Transfer metrics" line follows ``offset`` in D's log, then two more
+        logging intervals and a margin of one more up to 1 s (the final interval's lines)."""
+        limit = float(setting("KV_WAIT", "60") if limit is None else limit)
+        t0 = time.monotonic()
+        while True:
+            with open(logf, "rb") as f:
+                f.seek(offset)
+                if b"KV Transfer metrics:" in f.read():
+                    break
+            if time.monotonic() - t0 >= limit:
+                log("WARNING: no KV Transfer metrics line in %s within %ds" % (logf, limit))
+                return False
+            time.sleep(0.2)
+        i = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "3"))
+        time.sleep(2 * i + min(i, 1.0))
+        return True
+
+
+def log_offset(path):
+    """Byte size of ``path`` now (where the next run's metrics lines start)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def run_logged(cmd, logf, timeout):
+    """Runs ``cmd`` with its output in ``logf``; False (with the log's last 30 lines on stderr)
+    when it failed or ran past ``timeout`` seconds."""
+    with open(logf, "w") as out:
+        try:
+            ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                timeout=timeout).returncode == 0
+        except subprocess.TimeoutExpired:
+            ok = False
+    if not ok:
+        with open(logf, errors="replace") as f:
+            sys.stderr.write("".join(f.readlines()[-30:]))
+    return ok
+
+
+def collect_log_tails(work, dest, lines=None):
+    """The tails of every log of a run, into one file (a device call's $OUT)."""
+    n = int(lines or setting("TAIL_LINES", "80"))
+    with open(dest, "w") as out:
+        for name in sorted(os.listdir(work)) if os.path.isdir(work) else []:
+            path = os.path.join(work, name)
+            if name.endswith(".log") and os.path.isfile(path):
+                with open(path, errors="replace") as f:
+                    out.write("==== %s (last %d lines) ====\n%s\n" % (path, n, "".join(f.readlines()[-n:])))

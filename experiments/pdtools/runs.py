@@ -1,0 +1,97 @@
+"""One equivalence run, one descriptor probe, one summary: what the jobs do with a running pair,
+as functions that return objects (the files they write are kept for EQ_INCLUDE and for the
+record; ``python3 experiments/pdtools equiv-run|kv-run|equiv-summary`` are their command lines).
+"""
+
+import json
+import os
+import sys
+
+from .client import http_text
+from .equivalence import equiv_run, render_equivalence, summarize_equivalence
+from .kvmetrics import attention_backend, blocks_for_prompt, descriptors_per_block, kv_run, load_registration, \
+    parse_prom
+
+
+def load_json(path):
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_to_file(url, model, label, lengths, max_tokens, out, seed=0, logprobs=5, prom_url=None, bytes_per_block=0,
+                kv_wait=15.0, quiet=False):
+    """The fixed greedy prompts to one endpoint; writes {"label", "url", "results"} to ``out`` and
+    prints one line per prompt (unless ``quiet``).  Returns the results."""
+    res = equiv_run(url, model, lengths, max_tokens, seed, logprobs=logprobs, prom_url=prom_url,
+                    bytes_per_block=bytes_per_block, kv_wait_s=kv_wait)
+    with open(out, "w") as f:
+        json.dump({"label": label, "url": url, "results": res}, f, indent=1)
+    if not quiet:
+        for r in res:
+            kv = r.get("kv")
+            print("  %-12s len=%-5d method=%s out=%s%s" % (
+                label, r["prompt_len"], r["method"], (r["token_ids"] or [])[:8],
+                "" if "kv" not in r else "  KV pulled: %s" % ("unknown" if kv is None else "%s blocks in %s transfer(s)"
+                                                               % (kv.get("blocks"), kv.get("transfers")))), flush=True)
+    bad = [r for r in res if r["prompt_token_count"] not in (None, r["prompt_len"])]
+    if bad:
+        print("WARNING: tokenizer gave other prompt lengths than intended: %s"
+              % [(r["prompt_len"], r["prompt_token_count"]) for r in bad], file=sys.stderr)
+    return res
+
+
+def prom_scrape(url):
+    """D's NIXL counters from its /metrics, or None when not available (said on stderr)."""
+    try:
+        return parse_prom(http_text(url))
+    except Exception as e:
+        print("prom scrape failed: %s" % e, file=sys.stderr)
+        return None
+
+
+def kv_probe(log, offset, prom_before, prom_after, bytes_per_block, backend_log=None, registration=None,
+             prompt_len=0, block_size=16):
+    """KV numbers of one run (kvmetrics.kv_run) with the backend named in ``backend_log`` and D's
+    registration report at ``registration``; for a single-request probe of ``prompt_len`` tokens
+    also its blocks and descriptors per block from the length (one KV cache group only)."""
+    backend = attention_backend(backend_log) if backend_log else None
+    reg = load_registration(registration) if registration else None
+    if registration and reg is None:
+        print("kv-run: no registration report at %s (bytes per block: %s)" % (
+            registration, "the dense formula" if bytes_per_block else "unknown"), file=sys.stderr)
+    kv = kv_run(log, offset, prom_before, prom_after, bytes_per_block, backend, registration=reg)
+    if prompt_len:
+        # one request's blocks from its length: exact with one KV cache group only (a sliding
+        # window group sends its in-window tail)
+        groups = (reg or {}).get("num_kv_cache_groups") or 1
+        kv["blocks_expected"] = blocks_for_prompt(prompt_len, block_size) if groups == 1 else None
+        kv["descriptors_per_block_from_len"] = descriptors_per_block(
+            kv.get("avg_descriptors_per_transfer"), kv["blocks_expected"])
+    return kv
+
+
+def summary_to_file(runs, probes, lengths, meta, out, logprob_tol=0.0, corruption=None, reference="local"):
+    """The equivalence summary of ``runs`` ({label: results}) and ``probes`` ({cfg: kv_probe}),
+    with ``meta`` merged in; written to ``out`` and printed.  Returns the summary."""
+    probes = {cfg: {"kv": kv, "backend": (kv or {}).get("attn_backend")} for cfg, kv in probes.items()}
+    s = summarize_equivalence(runs, probes, lengths, batch_invariant=meta.get("batch_invariant"),
+                              logprob_tol=logprob_tol, corruption=corruption, reference=reference)
+    s.update(meta)
+    with open(out, "w") as f:
+        json.dump(s, f, indent=1, sort_keys=True)
+    print(render_equivalence(s), flush=True)
+    return s
+
+
+def corruption_description(how):
+    """The negative-control hook's own description of ``how`` (shift, swap-layers).  Imports only
+    the hook's module (it arms nothing: its sitecustomize.py does that)."""
+    nc_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "negative_control")
+    sys.path.insert(0, nc_dir)
+    try:
+        import xlkv_negative_control
+    finally:
+        sys.path.remove(nc_dir)
+    return xlkv_negative_control.CORRUPTIONS[how]

@@ -1,0 +1,141 @@
+"""The lab's settings (environment variables and their defaults), exit codes and messages.
+
+Every job reads its settings from the environment, as the operators' scripts always did
+(experiments/README.md lists them); this module is the one place their defaults are written.
+
+    setting("WORK") -> "/tmp/xlkv-exp" unless WORK is set
+    LabExit(code, message)   raised by ``die``; the entry point prints "ERROR: message", exits code
+"""
+
+import importlib.metadata
+import os
+import sys
+import time
+
+EXIT_OK = 0
+EXIT_FAIL = 1          # a check failed (outputs differ, descriptors too many, bench error)
+EXIT_SETUP = 2         # set-up problem: vLLM not staged, port in use, server did not start
+EXIT_NO_GPU = 3        # no GPU here: only the CPU checks ran (and passed)
+EXIT_UNSUPPORTED = 4   # the staged vLLM release is not supported by the shim
+
+EXP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # experiments/
+REPO_DIR = os.path.dirname(EXP_DIR)
+NC_DIR = os.path.join(EXP_DIR, "negative_control")
+
+#: the environment variables every job shares, with their defaults (job-specific ones are
+#: read where they are used, with their defaults written there once)
+DEFAULTS = {
+    "SITE": "/tmp/site",              # where the staged vLLM bundle lives (added to PYTHONPATH)
+    "PY": "python3",                  # the Python that serves vLLM and runs make_model.py
+    "WORK": "/tmp/xlkv-exp",          # logs and intermediate files of a run
+    "TP_P": "1", "TP_D": "1",         # tensor-parallel size of P and D
+    "GPU_MEM_UTIL": "0.3",            # --gpu-memory-utilization when P and D have their own GPUs
+    "GPU_MEM_UTIL_SHARED": "0.25",    # ... when they share a GPU
+    "PORT_PROXY": "8000", "PORT_P": "8100", "PORT_D": "8200",   # HTTP ports (127.0.0.1)
+    "SIDE_P": "5600", "SIDE_D": "5700",                          # VLLM_NIXL_SIDE_CHANNEL_PORT of P, D
+    "BLOCK_SIZE": "16", "MAX_MODEL_LEN": "16384",
+    "READY_TIMEOUT": "600",           # seconds to wait for a server to answer /health
+    "STOP_TIMEOUT": "30",
+    "SERVE_EXTRA_ARGS": "",           # more `vllm serve` flags (word-split)
+    "MODEL_ARCH": "qwen3",            # family of the generated model (make_model.py --arch)
+    "REG_REPORT": "1",                # D writes its registration report (bytes per block id)
+    "XLKV_ACTIVE_RE": "xlkv_autopatch: .* is active",   # log line that proves the shim is active
+}
+
+
+class LabExit(Exception):
+    """End the job with ``code``; ``message`` (if any) is printed as ERROR on stderr."""
+
+    def __init__(self, code, message=""):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def die(code, message):
+    raise LabExit(code, message)
+
+
+def log(message):
+    print("[%s] %s" % (time.strftime("%H:%M:%S"), message), file=sys.stderr, flush=True)
+
+
+def setting(name, default=None):
+    """The value of ``name`` in the environment, else its default (DEFAULTS, or ``default``)."""
+    value = os.environ.get(name)
+    if value is None:
+        value = DEFAULTS.get(name, default)
+    return value
+
+
+def int_setting(name, default=None):
+    return int(setting(name, default))
+
+
+def setup_env():
+    """The servers' environment, set once per job in this process (children inherit it): the
+    checkout first on PYTHONPATH (its sitecustomize.py activates the shim where ENABLE_XLKV is
+    on; with the flag off it does nothing; SHIM_PATH names another checkout), then the staged
+    vLLM.  ENABLE_XLKV is set per server, never globally."""
+    head = "%s:%s" % (setting("SHIM_PATH") or REPO_DIR, setting("SITE"))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = head + (":" + old if old else "")
+    os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"          # flashinfer is not in the bundle
+    os.environ.setdefault("VLLM_LOG_STATS_INTERVAL", "3")    # KV Transfer metrics lines
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    os.environ.pop("ENABLE_XLKV", None)
+
+
+def python_path():
+    """Where the servers' Python looks: PYTHONPATH first, then this interpreter's own path (the
+    jobs run under $PY, the Python that serves vLLM)."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(":") if p] + [p for p in sys.path if p]
+
+
+def vllm_version(path=None):
+    """The vLLM release in ``path`` (a list of folders; default PYTHONPATH), from its package
+    metadata without importing vLLM; None when there is none."""
+    for d in importlib.metadata.distributions(name="vllm", path=list(path if path is not None else python_path())):
+        return d.version
+    return None
+
+
+def vllm_package_dir(path=None):
+    for folder in (path if path is not None else python_path()):
+        pkg = os.path.join(folder, "vllm")
+        if os.path.isfile(os.path.join(pkg, "__init__.py")):
+            return pkg
+    return None
+
+
+def site_version():
+    """The vLLM release staged in SITE ("" when there is none)."""
+    return vllm_version([setting("SITE")]) or ""
+
+
+def require_vllm():
+    """The release of the importable vLLM, or LabExit(EXIT_SETUP) saying how to stage one."""
+    version = vllm_version()
+    if not version:
+        die(EXIT_SETUP, "vLLM is not importable (PYTHONPATH=%s).\n"
+            "  Stage the bundle first (experiments/README.md): one call per chunk\n"
+            "  'bash experiments/run_gpu_cell.sh --bundle DIR stage', then '... --bundle DIR setup'."
+            % os.environ.get("PYTHONPATH", ""))
+    os.environ["VLLM_VERSION"] = version
+    log("vLLM %s from %s" % (version, vllm_package_dir()))
+    return version
+
+
+def run_job(main, *args):
+    """A job's ``main`` in this process with the environment it found (a cell's steps each start
+    from the call's); LabExit becomes its exit code, its message an ERROR line on stderr."""
+    saved = dict(os.environ)
+    try:
+        return main(*args)
+    except LabExit as e:
+        if e.message:
+            print("\nERROR: %s" % e.message, file=sys.stderr, flush=True)
+        return e.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
