@@ -57,11 +57,12 @@ BACKENDS = {
 #: column ``mla``: MLA attention backends whose cross-layer blocks xlkv turns on (vLLM's own NIXL guard
 #: accepts no MLA backend on 0.26-0.28, although these backends index their latent cache by the block
 #: stride there, as vLLM's OffloadingConnector already uses them); each run on a GPU with P/D
-#: equivalence on 0.26.0 (docs/support-matrix.md: token ids identical to stock P/D, the negative
-#: control detected).  FLASHMLA (not yet run on a GPU here), CUTLASS_MLA and FLASHINFER_MLA (SM100) are
-#: block-major too: they keep the stock layout with a WARNING naming the backend until a GPU run.
+#: equivalence on 0.26.0 (docs/support-matrix.md: P/D identical to stock P/D on the same model runner,
+#: the negative control detected; FLASHMLA with vLLM's default kernels, it refuses batch invariance).
+#: CUTLASS_MLA and FLASHINFER_MLA (SM100) are block-major too: they keep the stock layout with a
+#: WARNING naming the backend until a GPU run.
 MLA_BACKENDS = {
-    "fa+triton": ("FLASH_ATTN_MLA", "TRITON_MLA"),
+    "fa+flashmla+triton": ("FLASH_ATTN_MLA", "TRITON_MLA", "FLASHMLA"),
 }
 
 #: values of the other non-boolean columns
@@ -115,9 +116,9 @@ release mechanism nixl    prefer        hash      hs_hash finished runner_v1 mul
 0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -         no
 0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -         no
 0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -         no
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+triton no
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+triton no
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+triton no
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no
 0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
 0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
 0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no

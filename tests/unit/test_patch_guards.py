@@ -721,17 +721,17 @@ def test_native_preference_of_mla_follows_the_release_and_its_backend(release, m
             kv_cache_config=types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)]))
 
     release("0.26.0")
-    for name in ("TRITON_MLA", "FLASH_ATTN_MLA"):
+    for name in ("TRITON_MLA", "FLASH_ATTN_MLA", "FLASHMLA"):
         backend["name"] = name
         c = conn()
         assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is True, name
     assert _state.stock_reasons() == []
-    for n, name in enumerate(("CUTLASS_MLA", "FLASHMLA"), 1):  # block-major too, not run on a GPU: stock, named
+    for n, name in enumerate(("CUTLASS_MLA", "FLASHINFER_MLA"), 1):  # block-major too, not run on a GPU: stock, named
         backend["name"] = name
         c = conn()
         assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
         reason = _state.stock_reasons()[-1]
-        assert len(_state.stock_reasons()) == n and name in reason and "run on a GPU with FLASH_ATTN_MLA, TRITON_MLA only" in reason
+        assert len(_state.stock_reasons()) == n and name in reason and "run on a GPU with FLASH_ATTN_MLA, TRITON_MLA, FLASHMLA only" in reason
     backend.update(name="TRITON_MLA", strided=False)  # a backend that does not read by the block stride
     c = conn()
     assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False

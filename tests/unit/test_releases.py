@@ -169,7 +169,7 @@ B20 = B16 + ("TRITON_ATTN",)
 PINNED_FACT_FIELDS = ("has_compat_hash", "budget_block_count", "kv_cache_layouts", "fa_heads_outermost",
                       "cross_layer_backends", "failed_recv_looks_up_engine", "kv_split_regions", "packed_groups",
                       "mla_cross_layer_backends", "connector_turns_hma_off")
-MLA = ("FLASH_ATTN_MLA", "TRITON_MLA")
+MLA = ("FLASH_ATTN_MLA", "TRITON_MLA", "FLASHMLA")
 PINNED_FACTS = {
     "0": (False, False, False, True, B16, True, True, False, (), True),
     "0.11.2": (False, False, False, True, B16, True, True, False, (), True),
