@@ -80,7 +80,7 @@ SHAPES = {
 
 #: the harness's shapes by family name (pd_harness.py --family)
 HARNESS = {name: row["harness"] for name, row in SHAPES.items()}
-#: the GPU models' shapes by architecture name (make_model.py --arch, MODEL_ARCH in lib.sh)
+#: the GPU models' shapes by architecture name (make_model.py --arch, MODEL_ARCH in the lab)
 GPU = {row["gpu"]["arch"]: row["gpu"] for row in SHAPES.values()}
 #: family of each GPU architecture name
 FAMILY_OF_ARCH = {row["gpu"]["arch"]: name for name, row in SHAPES.items()}

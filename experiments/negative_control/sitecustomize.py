@@ -6,8 +6,8 @@ engine core, workers) then corrupts the KV it receives over NIXL.  Python import
 first ``sitecustomize`` on sys.path, so this one then imports the next (the checkout's, which
 turns the shim on where ENABLE_XLKV is set, or the environment's own).
 
-The same hook writes D's registration report when XLKV_REGISTRATION_REPORT=<path> is set (lib.sh
-puts this folder on D's PYTHONPATH for every config then, stock too): it only reads the worker
+The same hook writes D's registration report when XLKV_REGISTRATION_REPORT=<path> is set (the lab,
+pdtools/pair.py, puts this folder on D's PYTHONPATH for every config then, stock too): it only reads the worker
 after vLLM's register_kv_caches returned; nothing is corrupted unless XLKV_NEGATIVE_CONTROL is set.
 """
 

@@ -22,7 +22,7 @@ The worker classes by release: ``...kv_connector.v1.nixl_connector.NixlConnector
 
 Second job of the same import hook (no corruption): the registration report.  With
 ``XLKV_REGISTRATION_REPORT=<path>`` set (every config of pd_equivalence.sh and pd_bench.sh, stock
-too: lib.sh), the worker's ``register_kv_caches`` is wrapped and, after vLLM's own returns, what
+too: pdtools/pair.py), the worker's ``register_kv_caches`` is wrapped and, after vLLM's own returns, what
 it registered is written to ``<path>`` as JSON (``.rank<N>`` appended for TP ranks > 0): the
 number of regions, ``block_len_per_layer``, ``region_group_ids`` where the release has them, the
 KV cache groups (spec, sliding window, layers), the KV cache layout, and per group the bytes and

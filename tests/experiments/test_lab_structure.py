@@ -1,0 +1,67 @@
+"""The lab's house (issue 35): experiments/pdtools is one package whose rooms are tied by imports,
+on floors that import only downward (no circle, nothing that runs back up), with the jobs reached
+from the one entry point; the lab's scripts outside it are imported or started by it."""
+
+import ast
+import glob
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXP = os.path.join(ROOT, "experiments")
+PKG = os.path.join(EXP, "pdtools")
+
+#: module -> floor; a module imports only from floors below its own
+FLOORS = {
+    "settings": 0, "gates": 0, "client": 0, "prompts": 0, "vllminfo": 0, "kvmetrics": 0,
+    "results": 1, "equivalence": 1, "configs": 1, "cpuchecks": 1,
+    "runs": 2, "pair": 2,
+    "job_equivalence": 3, "job_bench": 3, "job_upstream": 3,
+    "job_cell": 4, "job_main": 4,
+    "cli": 5,
+    "__init__": 6, "__main__": 6,
+}
+
+
+def _imports():
+    """module -> the package's modules it imports (relative imports, and cli's job table)."""
+    sys.path.insert(0, EXP)
+    try:
+        from pdtools import cli
+    finally:
+        sys.path.remove(EXP)
+    graph = {}
+    for path in sorted(glob.glob(os.path.join(PKG, "*.py"))):
+        name = os.path.basename(path)[:-3]
+        deps = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        graph[name] = deps
+    graph["cli"] |= {module for module, _ in cli.JOBS.values() if module}
+    return graph
+
+
+def test_every_room_has_a_floor_and_imports_only_downward():
+    graph = _imports()
+    assert set(graph) == set(FLOORS), "give every module of pdtools a floor: %s" % (set(graph) ^ set(FLOORS))
+    up = ["%s (%d) imports %s (%d)" % (m, FLOORS[m], d, FLOORS[d]) for m, deps in graph.items() for d in deps
+          if FLOORS[d] >= FLOORS[m]]
+    assert up == []
+
+
+def test_no_room_stands_apart():
+    graph = _imports()
+    used = set().union(*graph.values())
+    apart = sorted(m for m in graph if m not in used and m not in ("__init__", "__main__"))
+    assert apart == []
+
+
+def test_the_labs_scripts_are_imported_or_started_by_the_package():
+    """make_model.py (torch, run with PYTHONPATH cleared), pd_proxy.py (a server process) and
+    wire_copy.py are started by the package; report.py is imported by it; the doors hand over to it."""
+    text = "".join(open(p).read() for p in glob.glob(os.path.join(PKG, "*.py")))
+    for script in ("make_model.py", "pd_proxy.py", "wire_copy.py", "report.py", "pd_harness.py", "bundle.sh",
+                   "upstream_tests.py"):
+        assert script in text, script
+    assert "import report" in text
