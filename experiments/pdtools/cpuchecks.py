@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from .settings import EXIT_FAIL, EXIT_NO_GPU, EXP_DIR, LabExit, die, setting
+from .settings import EXIT_FAIL, EXIT_NO_GPU, EXP_DIR, LabExit, die, log, setting
 
 
 def cpu_checks(py, out):
@@ -64,7 +64,6 @@ def cpu_only_checks():
 def require_gpus_or_cpu_checks(pair):
     """The start of every GPU job: GPUs found, or the CPU checks run and the job ends with
     EXIT_NO_GPU (passed) or EXIT_FAIL."""
-    from .settings import log
     if pair.detect_gpus():
         counts = {}
         for n in pair.gpu_names:

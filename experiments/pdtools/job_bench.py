@@ -150,7 +150,9 @@ def main():
                             log("ERROR: bench run %s failed" % tag)
                             failed = 1
                             continue
-                        results.append(res), kvs.append(None), proxies.append(None)
+                        results.append(res)
+                        kvs.append(None)
+                        proxies.append(None)
                         continue
                     off = log_offset(pair.d_log)
                     before = prom_scrape(pair.url("D", "/metrics"))
@@ -169,7 +171,9 @@ def main():
                     pair.wait_kv_lines(pair.d_log, off)
                     after = prom_scrape(pair.url("D", "/metrics"))
                     kv = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log, pair.d_reg_report)
-                    results.append(res), kvs.append(kv), proxies.append(proxy_file)
+                    results.append(res)
+                    kvs.append(kv)
+                    proxies.append(proxy_file)
                 if not results:
                     continue
                 meta = {"block_size": int_setting("BLOCK_SIZE"), "tp_p": pair.tp_p, "tp_d": pair.tp_d,

@@ -37,8 +37,8 @@ LOGGREP = re.compile(r"xlkv_autopatch|xlkv negative control|xlkv registration re
                      r"[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR")
 
 
-def _bundle(cmd, bundle):
-    return subprocess.run(["bash", os.path.join(EXP_DIR, "bundle.sh"), cmd, bundle]).returncode
+def _bundle(cmd, bundle=""):
+    return subprocess.run(["bash", os.path.join(EXP_DIR, "bundle.sh"), cmd] + ([bundle] if bundle else [])).returncode
 
 
 def _tee_console(path):
@@ -79,7 +79,7 @@ def step(name, bundle):
             return EXIT_SETUP
         return _bundle(name, bundle)
     if name == "check":
-        return _require_staged(bundle) or _bundle("check", "")
+        return _require_staged(bundle) or _bundle("check")
     if name == "status":
         subprocess.run("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv || echo 'no nvidia-smi';"
                        " nvidia-smi topo -m 2>/dev/null || true", shell=True)

@@ -61,11 +61,9 @@ def log(message):
 
 
 def setting(name, default=None):
-    """The value of ``name`` in the environment, else its default (DEFAULTS, or ``default``)."""
-    value = os.environ.get(name)
-    if value is None:
-        value = DEFAULTS.get(name, default)
-    return value
+    """The value of ``name`` in the environment, else (unset or empty, as the scripts always
+    read them) its default: DEFAULTS, or ``default``."""
+    return os.environ.get(name) or DEFAULTS.get(name, default)
 
 
 def int_setting(name, default=None):
