@@ -28,7 +28,6 @@ import importlib
 import importlib.util
 import json
 import os
-import re
 import sys
 import time
 
@@ -39,17 +38,14 @@ from .kvmetrics import (NotDense, aggregate_kv, attention_backend, kv_summary, l
                         model_family, read_kv_lines, registration_bytes_per_block)
 from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
 from .results import bench_cell_to_file, gpu_slug, merge_results
-from .runs import corruption_description, kv_probe, load_json, prom_scrape, run_to_file, summary_to_file
+from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
+                   summary_to_file)
 from .settings import run_job
 from .vllminfo import vllm_has_batch_invariant
 
 
-def _lens(s):
-    return [int(x) for x in re.split(r"[,\s]+", s.strip()) if x]
-
-
 def cmd_equiv_run(a):
-    run_to_file(a.url, a.model, a.label, _lens(a.lengths), a.max_tokens, a.out, seed=a.seed, logprobs=a.logprobs,
+    run_to_file(a.url, a.model, a.label, parse_lengths(a.lengths), a.max_tokens, a.out, seed=a.seed, logprobs=a.logprobs,
                 prom_url=a.prom_url, bytes_per_block=a.bytes_per_block, kv_wait=a.kv_wait)
 
 
@@ -62,7 +58,7 @@ def cmd_equiv_summary(a):
     for spec in a.probe:
         cfg, _, path = spec.partition("=")
         probes[cfg] = load_json(path)
-    s = summary_to_file(runs, probes, _lens(a.lengths), json.loads(a.meta) if a.meta else {}, a.out,
+    s = summary_to_file(runs, probes, parse_lengths(a.lengths), json.loads(a.meta) if a.meta else {}, a.out,
                         logprob_tol=a.logprob_tol, corruption=a.corruption, reference=a.reference)
     return 0 if s["pass"] else 1
 

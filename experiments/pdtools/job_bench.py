@@ -20,7 +20,7 @@ from .gates import gate
 from .kvmetrics import attention_backend
 from .pair import Pair, log_offset, run_logged
 from .results import bench_cell_to_file
-from .runs import kv_probe, prom_scrape
+from .runs import kv_probe, parse_lengths, prom_scrape
 from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, int_setting, log, require_vllm, \
     setting, setup_env
 
@@ -55,7 +55,7 @@ def main():
     state = setting("BENCH_STATE", "fresh")
     if state not in ("fresh", "fragmented"):
         die(EXIT_SETUP, "BENCH_STATE must be fresh or fragmented")
-    input_lens = [int(x) for x in setting("INPUT_LENS", "1024 10240").split()]
+    input_lens = parse_lengths(setting("INPUT_LENS", "1024 10240"))
     output_len, reps = int_setting("OUTPUT_LEN", "16"), int_setting("REPS", "3")
     warmup = int_setting("WARMUP_PROMPTS", "4")
     timeout = int_setting("BENCH_TIMEOUT", "900")

@@ -10,23 +10,20 @@ control ``nc-<cfg>`` runs right after <cfg> with P kept and only D restarted.
 
 import json
 import os
-import re
 import sys
 import time
 
-from . import configs
+from . import configs, equivalence
 from .cpuchecks import require_gpus_or_cpu_checks
 from .pair import Pair, log_offset
-from .runs import corruption_description, kv_probe, load_json, prom_scrape, run_to_file, summary_to_file
+from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
+                   summary_to_file)
 from .settings import (EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, die, int_setting, log, require_vllm, setting,
                        setup_env, vllm_package_dir)
 from .vllminfo import vllm_has_batch_invariant
 
-REFERENCES = ("auto", "local", "pd-stock", "pd-stock-v1")
-
-
-def _lens(text):
-    return [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+#: EQ_REFERENCE: "auto" (by the model's family) or one of the summary's references
+REFERENCES = ("auto",) + equivalence.REFERENCES
 
 
 def _batch_invariant(version):
@@ -53,8 +50,8 @@ def _check_options():
     if setting("EQ_BATCH_INVARIANT", "auto") not in ("auto", "0", "1"):
         die(EXIT_SETUP, "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '%s')" % setting("EQ_BATCH_INVARIANT"))
     if setting("EQ_REFERENCE", "auto") not in REFERENCES:
-        die(EXIT_SETUP, "EQ_REFERENCE must be auto, local, pd-stock or pd-stock-v1 (got '%s')"
-            % setting("EQ_REFERENCE"))
+        die(EXIT_SETUP, "EQ_REFERENCE must be %s or %s (got '%s')"
+            % (", ".join(REFERENCES[:-1]), REFERENCES[-1], setting("EQ_REFERENCE")))
 
 
 def _order(eq_configs, nc_configs):
@@ -70,12 +67,12 @@ def main():
     _check_options()
     eq_configs = setting("EQ_CONFIGS", "stock shim").split()
     lengths_text = setting("EQ_LENGTHS", "5,17,100,1000,2049,4097")
-    lengths = _lens(lengths_text)
+    lengths = parse_lengths(lengths_text)
     max_tokens, n_logprobs = int_setting("EQ_MAX_TOKENS", "32"), int_setting("EQ_LOGPROBS", "5")
     tol = float(setting("EQ_LOGPROB_TOL", "0"))
     nc_request = setting("EQ_NEGATIVE_CONTROL", "")
     corruption_how = setting("NC_CORRUPTION", "shift")
-    nc_lengths = _lens(setting("EQ_NC_LENGTHS") or lengths_text)
+    nc_lengths = parse_lengths(setting("EQ_NC_LENGTHS") or lengths_text)
     kv_wait = float(setting("EQ_KV_WAIT", "15"))
     probe_len = int_setting("PROBE_LEN", "1600")
     work = setting("WORK")

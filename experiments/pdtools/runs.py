@@ -5,12 +5,18 @@ record; ``python3 experiments/pdtools equiv-run|kv-run|equiv-summary`` are their
 
 import json
 import os
+import re
 import sys
 
 from .client import http_text
 from .equivalence import equiv_run, render_equivalence, summarize_equivalence
 from .kvmetrics import attention_backend, blocks_for_prompt, descriptors_per_block, kv_run, load_registration, \
     parse_prom
+
+
+def parse_lengths(text):
+    """"5,100 1000" -> [5, 100, 1000] (commas or blanks: EQ_LENGTHS, INPUT_LENS, --lengths)."""
+    return [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
 
 
 def load_json(path):
