@@ -37,7 +37,7 @@ from .gates import GATES, gate
 from .kvmetrics import (NotDense, aggregate_kv, attention_backend, kv_summary, load_registration, model_block_bytes,
                         model_family, read_kv_lines, registration_bytes_per_block)
 from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
-from .results import bench_cell_to_file, gpu_slug, merge_results
+from .results import bench_cell_to_file, gpu_slug, merge_results, report_main
 from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
                    summary_to_file)
 from .settings import run_job
@@ -144,9 +144,7 @@ JOBS = {
 def run_named_job(name, argv):
     """A job of JOBS with its arguments; its exit code."""
     if name == "report":
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        import report
-        return report.main(argv)
+        return report_main(argv)
     module = importlib.import_module("." + JOBS[name][0], __package__)
     main = module.main
     return run_job(main, argv) if name in ("cell", "upstream") else run_job(main)

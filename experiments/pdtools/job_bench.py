@@ -19,7 +19,7 @@ from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import gate
 from .kvmetrics import attention_backend
 from .pair import Pair, log_offset, run_logged
-from .results import bench_cell_to_file
+from .results import bench_cell_to_file, report_main
 from .runs import kv_probe, parse_lengths, prom_scrape
 from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, int_setting, log, require_vllm, \
     setting, setup_env
@@ -187,10 +187,8 @@ def main():
     if skipped:
         log("skipped (not in this release): %s" % " ".join(skipped))
     log("results: %s" % result_json)
-    sys.path.insert(0, EXP_DIR)
-    import report
     try:
-        report.main([result_json, "--no-plot"])
+        report_main([result_json, "--no-plot"])
     except Exception as e:          # the report is a convenience; the results file is the record
         log("report.py: %s" % e)
     return failed

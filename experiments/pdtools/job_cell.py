@@ -29,7 +29,8 @@ import subprocess
 import sys
 import time
 
-from .pair import collect_log_tails, model_dir_for
+from .pair import collect_log_tails, make_model
+from .results import report_main
 from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR, LabExit, run_job, setting, site_version
 
 STEPS = ("stage", "setup", "check", "status", "model", "equivalence", "bench", "wire")
@@ -93,9 +94,7 @@ def step(name, bundle):
     if name == "model":   # make_model.py skips a model it finished before with the same settings (.complete)
         if setting("MODEL"):
             return 0
-        arch = setting("MODEL_ARCH")
-        return subprocess.run([py, os.path.join(EXP_DIR, "make_model.py"), model_dir_for(arch), "--arch", arch],
-                              env=dict(os.environ, PYTHONPATH="")).returncode
+        return make_model(setting("MODEL_ARCH"))
     if name == "equivalence":
         return _require_staged(bundle) or run_job(job_equivalence.main)
     if name == "bench":
@@ -104,8 +103,10 @@ def step(name, bundle):
             return rc
         wires = sorted(glob.glob(os.path.join(os.environ["RESULT_DIR"], "wire-*.json")))
         for f in sorted(glob.glob(os.path.join(os.environ["RESULT_DIR"], "20*.json"))):
-            subprocess.run([py, os.path.join(EXP_DIR, "report.py"), f] + (["--wire", wires[-1]] if wires else []),
-                           stdout=subprocess.DEVNULL)
+            try:                    # each file's markdown and plot; a report that fails costs nothing
+                report_main([f] + (["--wire", wires[-1]] if wires else []), quiet=True)
+            except Exception as e:
+                print("report.py %s: %s" % (f, e))
         return 0
     if name == "wire":    # the image's torch is enough for a copy; no vLLM needed
         return subprocess.run([py, os.path.join(EXP_DIR, "wire_copy.py"), "--out", os.path.join(

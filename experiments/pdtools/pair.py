@@ -71,6 +71,14 @@ def model_dir_for(arch):
     return "/tmp/xlkv-model" if arch == "qwen3" else "/tmp/xlkv-model-%s" % arch
 
 
+def make_model(arch, stdout=None):
+    """Generates the random-weight model of family ``arch`` into model_dir_for(arch), with the
+    image's torch (PYTHONPATH cleared); make_model.py returns at once when the folder holds one made
+    with the same settings.  Its exit code."""
+    return subprocess.run([setting("PY"), os.path.join(EXP_DIR, "make_model.py"), model_dir_for(arch), "--arch", arch],
+                          env=dict(os.environ, PYTHONPATH=""), stdout=stdout).returncode
+
+
 def split_gpus(ngpu, tp_p, tp_d):
     """(P's GPUs, D's GPUs, shared): everybody their own GPUs where there are enough, else P from
     the front and D from the back; LabExit when there are fewer GPUs than the larger TP."""
@@ -161,9 +169,7 @@ class Pair:
                 die(EXIT_SETUP, "MODEL=%s has no config.json" % model)
         else:
             model = model_dir_for(setting("MODEL_ARCH"))
-            r = subprocess.run([setting("PY"), os.path.join(EXP_DIR, "make_model.py"), model, "--arch",
-                                setting("MODEL_ARCH")], env=dict(os.environ, PYTHONPATH=""), stdout=sys.stderr)
-            if r.returncode != 0:
+            if make_model(setting("MODEL_ARCH"), stdout=sys.stderr) != 0:
                 die(EXIT_SETUP, "make_model.py failed")
         os.environ["MODEL"] = self.model = model
         self.model_family = model_family(model)
