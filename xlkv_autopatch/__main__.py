@@ -1,4 +1,5 @@
-"""Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve] [--model DIR [--tp N] [--pp N]]``."""
+"""Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve] [--model DIR [--tp N] [--pp N]
+[--prefill-tp N --decode-tp M]]``."""
 
 import argparse
 import contextlib
@@ -18,7 +19,13 @@ def main(argv=None):
                                                    "config folder (its family, layout and descriptors per block)")
     st.add_argument("--tp", type=int, default=1, help="with --model: the tensor-parallel size (default 1)")
     st.add_argument("--pp", type=int, default=1, help="with --model: the pipeline-parallel size (default 1)")
+    st.add_argument("--prefill-tp", type=int, default=None, metavar="N",
+                    help="with --model and --decode-tp: a prefill/decode pair at these TP sizes: is it served, with "
+                         "which layout on each side, and the descriptors per block per remote rank")
+    st.add_argument("--decode-tp", type=int, default=None, metavar="N", help="with --model and --prefill-tp")
     args = parser.parse_args(argv)
+    if (args.prefill_tp is None) != (args.decode_tp is None) or (args.prefill_tp and not args.model):
+        parser.error("--prefill-tp and --decode-tp go together, with --model")
     from . import status_report
 
     # vLLM logs to stdout; keep stdout for the report alone.
@@ -35,7 +42,8 @@ def main(argv=None):
             from . import model_report
 
             at = next((i for i, line in enumerate(text) if line.startswith(("PROBLEM:", "status:"))), len(text))
-            text[at:at] = model_report.render(info["model"])
+            text[at:at] = model_report.render(info["model"]) + (
+                model_report.render_pair(info["pair"]) if "pair" in info else [])
         print("\n".join(text))
     return 0 if info["ok"] else 1
 
@@ -51,6 +59,12 @@ def _add_model(info, args):
     except Exception:  # a bad value is already a PROBLEM of its own
         strict = False
     found = model_report.problems(info["model"], strict and info["flag"]["on"])
+    if args.prefill_tp is not None:
+        info["pair"] = model_report.pair(args.model, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, pp=args.pp,
+                                         use_vllm=bool(info.get("vllm_installed")))
+        if not info["pair"].get("served", False):
+            found.append("prefill TP %d -> decode TP %d with ENABLE_XLKV on both: %s" % (
+                args.prefill_tp, args.decode_tp, info["pair"].get("reason") or info["pair"].get("error")))
     info["problems"].extend(found)
     info["ok"] = info["ok"] and not found
 

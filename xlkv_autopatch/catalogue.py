@@ -35,8 +35,12 @@ MECHANISM_TEXT = {
         "config` → True for sliding-window hybrids with several KV cache groups (vLLM's packed multi-group "
         "allocation, one region per block id; the hash tagged, heterogeneous TP refused)"),
     ("layout", False): (
-        "KV-cache layout", "`NixlConnector.get_required_kvcache_layout` → `BLNHC` (block outermost: one whole-row "
-        "region per block); an explicit `VLLM_KV_CACHE_LAYOUT` wins"),
+        "KV-cache layout", "`NixlConnector.get_required_kvcache_layout` → `BHLNC` (block outermost, KV heads "
+        "outermost inside the row: one whole-row region per block, a rank's heads one range of it), `BLNHC` for MLA; "
+        "`NixlConnector.register_kv_caches` has vLLM register the row as one region at one KV head per rank and checks "
+        "the heads tile it; `KVCacheLayout.is_block_contiguous` answers True for those `BHLNC` rows inside the "
+        "handshake only, so vLLM's heterogeneous-TP head slicing serves them; an explicit `VLLM_KV_CACHE_LAYOUT` "
+        "wins"),
 }
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "mechanism.md")
 _PREFIX = "vllm.distributed.kv_transfer.kv_connector."

@@ -83,12 +83,26 @@ def family(facts: ModelFacts) -> str:
     return DENSE
 
 
+#: vLLM >= 0.29 KV-cache layouts the shim requests (layout.py has their arithmetic): heads outermost
+#: inside each block row for every model whose KV heads are split over tensor-parallel ranks (a remote
+#: rank's head slice of a row is one range: heterogeneous TP at 1 descriptor per block per remote rank),
+#: token-major block-outermost rows for MLA (one latent "head", replicated on every rank)
+HEADS_OUTERMOST = "BHLNC"
+TOKEN_MAJOR_ROWS = "BLNHC"
+
+
 @dataclass(frozen=True)
 class ModelDecision:
     family: str
     #: the shim lays out (0.12-0.28) or requests (0.29+) the cross-layer / block-outermost layout
     cross_layer: bool
     reason: str
+    #: 0.29+: the KV-cache layout requested (HEADS_OUTERMOST or TOKEN_MAJOR_ROWS); None elsewhere
+    #: and for the stock layout
+    layout: Optional[str] = None
+    #: 0.29+: xlkv has vLLM register each block's row as one region although a layer's page is
+    #: contiguous on its own (one KV head per tensor-parallel rank: patches/page_contiguous.py)
+    whole_rows: bool = False
 
     @property
     def title(self) -> str:
@@ -132,28 +146,33 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
         if fam == SLIDING_WINDOW:
             return _sliding_window_before_layouts(facts, title, packed_groups)
         return ModelDecision(fam, True, "%s: one cross-layer KV tensor, 1 descriptor per block" % title)
-    # vLLM >= 0.29: the block-outermost layout; what vLLM registers decides the gain
+    # vLLM >= 0.29: a block-outermost layout; what vLLM registers decides the gain
     if fam == MLA:
         if facts.pp_size > 1:
             return ModelDecision(fam, False, "%s with pipeline parallel size %d: keeps the stock layout (vLLM "
                                              "registers per-layer pages of a packed MLA row when pipeline stages "
                                              "route layers; not proven here)" % (title, facts.pp_size))
-        return ModelDecision(fam, True, "%s: block-outermost BLNHC, vLLM registers each block's packed latent row as "
-                                        "one region: 1 descriptor per block" % title)
-    if fam == ONE_KV_HEAD:
-        if facts.pp_size > 1:
-            return ModelDecision(fam, False, "%s with pipeline parallel size %d: keeps the stock layout (vLLM "
-                                             "registers a block-outermost layout as one NIXL region per layer when a "
-                                             "layer's page is contiguous, and xlkv registers the row as one region "
-                                             "only without pipeline stages)" % (title, facts.pp_size))
-        return ModelDecision(fam, True, "%s: block-outermost BLNHC, xlkv has vLLM register each block's row as one "
-                                        "region (vLLM alone registers a contiguous page per layer): 1 descriptor per "
-                                        "block; prefill and decode need the same tensor-parallel size" % title)
-    if fam == SLIDING_WINDOW:
-        return ModelDecision(fam, True, "%s: block-outermost BLNHC, every KV cache group shares one whole-row region: "
-                                        "1 descriptor per block id (sliding-window groups send their in-window "
-                                        "blocks only)" % title)
-    return ModelDecision(fam, True, "%s: block-outermost BLNHC, one whole-row region: 1 descriptor per block" % title)
+        return ModelDecision(fam, True, "%s: block-outermost %s, vLLM registers each block's packed latent row as "
+                                        "one region: 1 descriptor per block (the latent cache is replicated on "
+                                        "every tensor-parallel rank: any prefill/decode TP pairing reads one rank)"
+                             % (title, TOKEN_MAJOR_ROWS), layout=TOKEN_MAJOR_ROWS)
+    one_head = facts.kv_heads_per_rank == 1
+    if one_head and facts.pp_size > 1:
+        return ModelDecision(fam, False, "%s, one KV head per tensor-parallel rank, pipeline parallel size %d: keeps "
+                                         "the stock layout (vLLM registers a block-outermost layout as one NIXL region "
+                                         "per layer when a layer's page is contiguous, and xlkv registers the row as "
+                                         "one region only without pipeline stages)" % (title, facts.pp_size))
+    what = {SLIDING_WINDOW: "every KV cache group shares one whole-row region: 1 descriptor per block id "
+                            "(sliding-window groups send their in-window blocks only)",
+            ONE_KV_HEAD: "xlkv has vLLM register each block's row as one region (vLLM alone registers a "
+                         "contiguous page per layer at one KV head per rank): 1 descriptor per block"}.get(
+        fam, "one whole-row region: 1 descriptor per block")
+    if one_head and fam != ONE_KV_HEAD:
+        what += "; one KV head per tensor-parallel rank: xlkv has vLLM register each row as one region"
+    return ModelDecision(fam, True, "%s: block-outermost %s with the KV heads outermost in each block row, %s; "
+                                    "heterogeneous TP: 1 descriptor per block per remote rank (a remote rank's "
+                                    "heads are one range of the row)" % (title, HEADS_OUTERMOST, what),
+                         layout=HEADS_OUTERMOST, whole_rows=one_head)
 
 
 def _sliding_window_before_layouts(facts: ModelFacts, title: str, packed_groups: bool) -> ModelDecision:

@@ -9,8 +9,13 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 #: vLLM >= 0.29 layout that makes every block one contiguous row covering all layers, with
-#: the per-layer page in FlashAttention's natural token-major order (N, H, C).
+#: the per-layer page in FlashAttention's natural token-major order (N, H, C): what xlkv requests
+#: for MLA (one latent "head", replicated on every TP rank; vLLM's NixlConnector asks for none)
 BLOCK_OUTERMOST_LAYOUT = "BLNHC"
+#: vLLM >= 0.29 block-outermost layout with the KV heads outermost inside the row ([B, H, L, N, C]):
+#: one head's data for every layer is one contiguous run, so a TP rank's heads are one range of a
+#: row, at any TP pairing; what xlkv requests for every model whose KV heads are split over ranks
+HEADS_OUTERMOST_LAYOUT = "BHLNC"
 #: The block-outermost layouts NIXL registers as a single whole-row region (BLHNC, also
 #: block-outermost, keeps one region per layer).
 WHOLE_ROW_LAYOUTS = ("BLNHC", "BHLNC")
@@ -68,14 +73,35 @@ def explicit_layout_reason(env_layout: str) -> str:
     return "VLLM_KV_CACHE_LAYOUT=%s is set explicitly and wins" % env_layout
 
 
+#: vLLM's aliases of VLLM_KV_CACHE_LAYOUT values (0.29+ envs.py)
+LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
+
+
+def explicit_layout(env_layout: Optional[str]) -> Optional[Decision]:
+    """vLLM >= 0.29 with an explicit ``VLLM_KV_CACHE_LAYOUT``: vLLM never asks the connector, so the
+    variable decides.  None where it is unset; else ``use``: the layout is one xlkv registers and
+    tags (a whole-row one), with what the engine then runs in ``reason``."""
+    if not env_layout or not env_layout.strip():
+        return None
+    name = LAYOUT_ALIASES.get(env_layout.strip().upper(), env_layout.strip().upper())
+    why = explicit_layout_reason(env_layout)
+    if name == HEADS_OUTERMOST_LAYOUT:
+        return Decision(True, "%s: the layout xlkv requests for models whose KV heads are split over ranks" % why)
+    if name in WHOLE_ROW_LAYOUTS:
+        return Decision(True, "%s: token-major block rows (1 descriptor per block; heterogeneous TP is refused, the "
+                              "heads are not outermost in the row)" % why)
+    return Decision(False, "%s: this engine runs %s, one NIXL region per layer (unset it for xlkv's layout)"
+                    % (why, name))
+
+
 def layout_decision(*, stock: Optional[str], env_layout: Optional[str]) -> Decision:
-    """Which KV-cache layout to ask vLLM >= 0.29 for, once the model's family allows a
-    block-outermost one (:func:`xlkv_autopatch.families.decide`).  ``stock`` is what
-    NixlConnector asked for (None for MLA models, which it leaves to vLLM's default)."""
+    """Whether to ask vLLM >= 0.29 for the block-outermost layout the model's family chose
+    (:func:`xlkv_autopatch.families.decide`).  ``stock`` is what NixlConnector asked for (None
+    for MLA models, which it leaves to vLLM's default)."""
     if env_layout:
         return Decision(False, explicit_layout_reason(env_layout))
-    return Decision(True, "block-outermost %s instead of %s: one contiguous row per block across all layers"
-                    % (BLOCK_OUTERMOST_LAYOUT, stock or "vLLM's default"))
+    return Decision(True, "instead of %s: one contiguous row per block across all layers"
+                    % (stock or "vLLM's default"))
 
 
 def remote_cross_layer(*, local_cross: bool, local_regions: int, remote_regions: int,
@@ -152,10 +178,13 @@ def reconcile_block_counts(region_blocks: Dict[str, int], expected: int) -> Tupl
     return real, None
 
 
-#: ``tag_hash``'s ``registration`` of a worker with one KV head per tensor-parallel rank whose
-#: block rows xlkv had vLLM register as one region each (patches/page_contiguous.py): a peer
-#: that registers the same layout per layer publishes another hash
+#: ``tag_hash``'s ``registration`` of an xlkv before 0.7.0 at one KV head per tensor-parallel rank
+#: (BLNHC rows that xlkv had vLLM register as one region each): only recognised, to name such a peer
 ROW_AT_ONE_KV_HEAD = "row-at-one-kv-head"
+#: ``tag_hash``'s ``registration`` of a worker that registered HEADS_OUTERMOST_LAYOUT rows as one
+#: region each (at any KV heads per rank; patches/page_contiguous.py): the same on both sides of any
+#: TP pairing, different from every per-layer or token-major registration of the same model
+HEADS_OUTERMOST_ROWS = "heads-outermost-rows"
 
 
 def tag_hash(stock_hash: str, registration: Optional[str] = None) -> str:
@@ -195,26 +224,82 @@ def column_major_page_strides(shape: Sequence[int], strides: Sequence[int]) -> T
 
 
 def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_ratio: int,
-                               whole_row_layout: bool = False, packed_groups: bool = False) -> Decision:
+                               whole_row_layout: bool = False, packed_groups: bool = False,
+                               heads_outermost_rows: bool = False, replicated: bool = False) -> Decision:
     """Can a worker read a peer with a different TP size with this layout?
 
-    FlashAttention cross-layer blocks are (heads, layers, K/V, tokens, dim) with heads
-    outermost, so one TP rank's heads are one contiguous slice of the block: vLLM's
-    rank-offset arithmetic stays correct.  Blocks-first backends (K/V outermost), the
-    >= 0.29 whole-row layouts and vLLM's packed multi-group layout (0.24-0.28: a block id's
-    row is every layer's page one after the other) are not sliceable that way.
+    FlashAttention cross-layer blocks (0.12-0.28) are (heads, layers, K/V, tokens, dim) with heads
+    outermost, and so are the >= 0.29 ``BHLNC`` rows that xlkv registers as one region each
+    (``heads_outermost_rows``): one TP rank's heads are one contiguous slice of the block, and
+    vLLM's rank-offset arithmetic (offset = head slot x local block length) stays correct.
+    ``replicated``: the peer's KV is the same on every rank (MLA's latent cache): nothing is sliced.
+    Blocks-first backends (K/V outermost), the token-major ``BLNHC`` rows and vLLM's packed
+    multi-group layout (0.24-0.28: a block id's row is every layer's page one after the other) are
+    not sliceable that way.
     """
     if tp_ratio in (1, -1) or not cross_layer:
         return Decision(True, "homogeneous TP" if tp_ratio in (1, -1) else "stock layout")
+    if replicated:
+        return Decision(True, "the KV cache is replicated on every tensor-parallel rank (MLA): one remote rank's "
+                              "whole block is read, nothing is sliced by heads")
+    if heads_outermost_rows:
+        return Decision(True, "the KV heads are outermost in each %s block row: a remote rank's heads are one "
+                              "range of the row, 1 descriptor per block per remote rank" % HEADS_OUTERMOST_LAYOUT)
     if packed_groups:
         return Decision(False, "vLLM's packed multi-group KV layout (one row per block id across every layer of "
                                "every KV cache group) cannot be sliced by heads for heterogeneous TP")
     if whole_row_layout:
-        return Decision(False, "block-outermost layouts cannot be sliced by heads for heterogeneous TP")
+        return Decision(False, "token-major block-outermost rows (%s: every layer's page whole, heads inside each "
+                               "token) cannot be sliced by heads for heterogeneous TP" % BLOCK_OUTERMOST_LAYOUT)
     if blocks_first:
         return Decision(False, "cross-layer blocks of a blocks-first backend (K/V outermost) cannot be "
                                "sliced by heads for heterogeneous TP")
     return Decision(True, "heads are outermost in a FlashAttention cross-layer block")
+
+
+def heads_tile_row(*, heads: int, head_stride: int, page_offsets: Sequence[int], page_bytes: int,
+                   row_bytes: int) -> Optional[str]:
+    """Are the ``heads`` of a heads-outermost block row one equal run each, tiling the row exactly?
+
+    ``head_stride``: bytes from one head's data to the next in a layer's page (ignored at one
+    head); ``page_offsets``: each layer's page start within the row (a page is ``heads`` runs of
+    ``page_bytes / heads`` bytes, ``head_stride`` apart); ``row_bytes``: the block stride.  None when
+    head h of every layer lies in ``[h * row / heads, (h + 1) * row / heads)`` and those ranges fill
+    the row (no padding: a remote rank's slice at offset slot x local row length is then its heads),
+    else why not.  Layers sharing a page (KV cache groups aliasing one row) count once.
+    """
+    if heads <= 0 or page_bytes <= 0 or row_bytes <= 0 or page_bytes % heads:
+        return "%d KV heads in a page of %d bytes, a row of %d bytes" % (heads, page_bytes, row_bytes)
+    per_head = page_bytes // heads
+    if heads > 1 and head_stride * heads != row_bytes:
+        return ("the KV heads are %d bytes apart in a %d-byte row of %d heads: the row is padded or its heads "
+                "are not outermost" % (head_stride, row_bytes, heads))
+    span = row_bytes // heads
+    distinct = sorted(set(page_offsets))
+    if distinct != list(range(0, span, per_head)):
+        return ("the layers' pages start at byte offsets %s of each head's %d-byte run, not at every multiple of "
+                "one head's %d-byte page" % (distinct[:8] + (["..."] if len(distinct) > 8 else []), span, per_head))
+    return None
+
+
+def remote_sources(*, prefill_tp: int, decode_tp: int, kv_heads: Optional[int], replicated: bool = False) -> Tuple[
+        Optional[int], Optional[str]]:
+    """(prefill ranks each decode rank reads a block from, None) for a TP pairing, or (None, why vLLM
+    refuses it): one prefill rank where decode TP >= prefill TP or the KV cache is replicated (MLA);
+    else prefill TP / decode TP ranks, fewer where several prefill ranks hold the same KV head (vLLM's
+    GQA dedup); vLLM refuses prefill TP > decode TP where prefill TP exceeds the KV heads, and TP
+    sizes that do not divide each other."""
+    big, small = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
+    if small <= 0 or big % small:
+        return None, "prefill TP %d and decode TP %d do not divide each other" % (prefill_tp, decode_tp)
+    if replicated or decode_tp >= prefill_tp:
+        return 1, None
+    if kv_heads is None:
+        return prefill_tp // decode_tp, None
+    if prefill_tp > kv_heads:
+        return None, ("prefill TP %d > decode TP %d with prefill TP above the model's %d KV heads (replicated heads "
+                      "on prefill): vLLM refuses it, with or without xlkv" % (prefill_tp, decode_tp, kv_heads))
+    return prefill_tp // decode_tp, None
 
 
 def ascending_order(local_ids: Sequence[int]) -> Optional[list]:

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import replace
 
-from . import facts, families
+from . import facts, families, layout
 
 #: model types whose layers include Mamba / linear attention (used only when vLLM cannot load
 #: the config: vLLM's own ``is_hybrid`` decides otherwise)
@@ -47,6 +47,73 @@ def _from_json(cfg):
     return use_mla, hybrid, heads
 
 
+def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
+    """What a prefill/decode pair at these TP sizes gets: each side's decision (collect), whether the
+    pair is served with ENABLE_XLKV on both, and the descriptors per block that each decode rank
+    reads from each remote prefill rank (before NIXL merges neighbours)."""
+    from . import layout
+
+    sides = {"prefill": collect(path, tp=prefill_tp, pp=pp, use_vllm=use_vllm),
+             "decode": collect(path, tp=decode_tp, pp=pp, use_vllm=use_vllm)}
+    out = {"prefill_tp": prefill_tp, "decode_tp": decode_tp, "sides": sides}
+    if any(side.get("error") for side in sides.values()):
+        out["error"] = sides["prefill"].get("error") or sides["decode"].get("error")
+        return out
+    p, d = sides["prefill"], sides["decode"]
+    sources, refused = layout.remote_sources(prefill_tp=prefill_tp, decode_tp=decode_tp, kv_heads=d["kv_heads"],
+                                             replicated=d["family"] in (families.MLA, families.SPARSE_MLA))
+    out["remote_ranks_per_decode_rank"] = sources
+    stock = d["descriptors_per_block"]["stock"]
+    if refused:
+        out.update(served=False, reason=refused, descriptors_per_block_per_remote_rank={"stock": None, "xlkv": None})
+        return out
+    release = facts.current()
+    if p["layout"] != d["layout"]:
+        served, reason, xlkv = False, ("prefill gets %s, decode %s: the handshake is refused (%s / %s)" % (
+            p["layout"], d["layout"], p["reason"], d["reason"])), None
+    elif prefill_tp == decode_tp or not d["cross_layer"]:
+        served, reason, xlkv = True, "the same layout on both sides", d["descriptors_per_block"]["xlkv"]
+    elif release.kv_cache_layouts:
+        tp = layout.heterogeneous_tp_supported(
+            cross_layer=True, blocks_first=False, tp_ratio=2, whole_row_layout=True,
+            heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT,
+            replicated=d["family"] in (families.MLA, families.SPARSE_MLA))
+        served, xlkv = tp.use, 1 if tp.use else None
+        reason = tp.reason if tp.use else "the handshake is refused: %s" % tp.reason
+    elif d["family"] == families.MLA:  # 0.26-0.28: one cross-layer latent tensor, replicated on every rank
+        tp = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=2, replicated=True)
+        served, xlkv, reason = True, 1, tp.reason
+    else:
+        fa = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=not release.fa_heads_outermost,
+                                               tp_ratio=2, packed_groups=d["layout"] == "packed KV cache groups")
+        served, xlkv = fa.use, 1 if fa.use else None
+        reason = ("with FLASH_ATTN: %s; other attention backends: the handshake is refused (cross-layer blocks of a "
+                  "blocks-first backend cannot be sliced by heads)" % fa.reason) if fa.use else (
+            "the handshake is refused: %s" % fa.reason)
+    out.update(served=served, reason=reason,
+               descriptors_per_block_per_remote_rank={"stock": stock, "xlkv": xlkv})
+    return out
+
+
+def render_pair(info):
+    if info.get("error"):
+        return ["model: %s" % info["error"]]
+    count = lambda n: "?" if n is None else str(n)  # noqa: E731
+    d = info["descriptors_per_block_per_remote_rank"]
+    lines = ["pair: prefill TP %d -> decode TP %d: %s -- %s" % (info["prefill_tp"], info["decode_tp"],
+                                                                  "served" if info["served"] else "REFUSED",
+                                                                  info["reason"])]
+    for name in ("prefill", "decode"):
+        side = info["sides"][name]
+        lines.append("  %s (TP %d, %s KV heads per rank): %s" % (name, side["tp"], count(side["kv_heads_per_rank"]),
+                                                                 side["layout"]))
+    if info["served"]:
+        lines.append("  each decode rank reads %s prefill rank(s); NIXL descriptors per block per remote rank (before "
+                     "NIXL merges neighbours): stock %s, xlkv %s" % (count(info["remote_ranks_per_decode_rank"]),
+                                                                   count(d["stock"]), count(d["xlkv"])))
+    return lines
+
+
 def collect(path, *, tp=1, pp=1, use_vllm=True):
     """The decision for the model in folder ``path`` at tensor/pipeline parallel sizes tp/pp."""
     out = {"dir": path, "tp": tp, "pp": pp, "notes": []}
@@ -79,6 +146,12 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
     decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
                                packed_groups=release.packed_groups,
                                mla_backends=release.mla_cross_layer_backends)
+    explicit = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT")) if release.kv_cache_layouts else None
+    if explicit is not None:  # vLLM reads it before asking the connector: it decides
+        name = layout.LAYOUT_ALIASES.get(os.environ["VLLM_KV_CACHE_LAYOUT"].strip().upper(),
+                                         os.environ["VLLM_KV_CACHE_LAYOUT"].strip().upper())
+        decision = replace(decision, cross_layer=explicit.use and decision.cross_layer, reason=explicit.reason,
+                           layout=name)
     stock, xlkv = families.expected_descriptors(fam_facts, decision, kv_split=release.kv_split_regions)
     out.update({
         "source": source,
@@ -88,6 +161,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
         "reason": decision.reason,
         "layout": _layout_name(release, decision),
         "kv_heads_per_rank": per_rank,
+        "kv_heads": heads if isinstance(heads, int) else None,
         "attention_layers_per_block_id": fam_facts.group_layers,
         "descriptors_per_block": {"stock": stock, "xlkv": xlkv},
     })
@@ -96,9 +170,9 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
 
 def _layout_name(release, decision):
     if not decision.cross_layer:
-        return "stock"
+        return "stock" if decision.layout is None else "stock (%s)" % decision.layout
     if release.kv_cache_layouts:
-        return "BLNHC"
+        return decision.layout
     if decision.family == families.SLIDING_WINDOW and release.packed_groups:
         return "packed KV cache groups"
     return "one cross-layer KV tensor"

@@ -200,7 +200,7 @@ def runtime_refusals(f):
                "handshake is refused")
     decisions = {b: layout.heterogeneous_tp_supported(
         cross_layer=True, tp_ratio=2, blocks_first=not (b == "FLASH_ATTN" and f.fa_heads_outermost),
-        whole_row_layout=f.kv_cache_layouts) for b in f.cross_layer_backends}
+        whole_row_layout=f.kv_cache_layouts, heads_outermost_rows=f.kv_cache_layouts) for b in f.cross_layer_backends}
     refused_tp = [b for b in f.cross_layer_backends if not decisions[b].use]
     if refused_tp:
         allowed = [b for b in f.cross_layer_backends if b not in refused_tp]
@@ -208,6 +208,11 @@ def runtime_refusals(f):
                    "is refused (%s)%s" % (
                        "any backend" if not allowed else "/".join(refused_tp), decisions[refused_tp[0]].reason,
                        "; %s is served (%s)" % ("/".join(allowed), decisions[allowed[0]].reason) if allowed else ""))
+    if f.kv_cache_layouts:
+        out.append("heterogeneous TP where this engine's %s block rows are padded, or its KV cache groups hold "
+                   "different layer counts (its heads then do not tile each row; an INFO line at start-up says so): "
+                   "the handshake is refused; vLLM itself refuses prefill TP > decode TP where prefill TP exceeds the "
+                   "KV heads, with or without xlkv" % layout.HEADS_OUTERMOST_LAYOUT)
     if f.packed_groups:
         packed = layout.heterogeneous_tp_supported(cross_layer=True, tp_ratio=2, blocks_first=True, packed_groups=True)
         out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups, packed by "
@@ -218,6 +223,27 @@ def runtime_refusals(f):
     if not f.kv_cache_layouts:
         out.append("KV tensors that disagree on their block count: registration with NIXL is refused at start-up")
     return out
+
+
+def explicit_layout_problem(f, state):
+    """0.29+ with the flag on and an explicit VLLM_KV_CACHE_LAYOUT that is not a whole-row layout: what
+    runs instead of xlkv's layout (a note; with XLKV_STRICT=1 a problem: the engine refuses to start)."""
+    from . import layout
+    from .flag import knob
+
+    if state != "on" or not f.kv_cache_layouts:
+        return None
+    decision = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT"))
+    if decision is None or decision.use:
+        return None
+    try:
+        strict = knob("XLKV_STRICT")
+    except Exception:  # a bad value is a problem of its own
+        strict = False
+    if strict:
+        return ("XLKV_STRICT=1 and ENABLE_XLKV is set, but the stock per-layer KV layout would run: %s. vLLM stops at "
+                "start-up. Fix: unset VLLM_KV_CACHE_LAYOUT (or XLKV_STRICT)" % decision.reason)
+    return "ENABLE_XLKV is set, but the stock per-layer KV layout runs (a WARNING at start-up): %s" % decision.reason
 
 
 def one_sided_hazard(f, state):
@@ -263,6 +289,9 @@ def _collect_patches(out, resolve):
     if version is not None and out["supported"]:
         f = facts.facts_for(version)
         out["runtime_refusals"] = runtime_refusals(f)
+        explicit = explicit_layout_problem(f, state)
+        if explicit:
+            (problems if explicit.startswith("XLKV_STRICT") else out["notes"]).append(explicit)
         hazard = one_sided_hazard(f, state)
         if hazard:
             out["notes"].append(hazard)

@@ -76,6 +76,17 @@ def once_per_session(vllm_env, why):
 HARNESS = os.path.join(ROOT, "experiments", "cpu", "pd_harness.py")
 
 
+class HarnessResult(dict):
+    """A harness result whose missing keys fail with the harness's own errors (a side that never
+    started has no "d" or "p"), and the machine's load when it ran (a set-up timeout on a loaded
+    2-core machine is load, not a finding), instead of a bare KeyError."""
+
+    def __missing__(self, key):
+        raise AssertionError("the harness result has no %r (a side did not start?); its errors: %s; load average "
+                             "%s on %d cores" % (key, json.dumps(self.get("errors"))[-3000:],
+                                                 "/".join("%.1f" % x for x in os.getloadavg()), os.cpu_count() or 0))
+
+
 def harness(python, tmp_path, name, *args, env=None, step_timeout=45):
     """One run of the P/D harness (experiments/cpu/pd_harness.py); its result dict plus ``_log``
     (the harness's stdout and stderr) and ``_text`` (errors, warnings and log: where a
@@ -84,7 +95,7 @@ def harness(python, tmp_path, name, *args, env=None, step_timeout=45):
     r = run_in(python, [HARNESS, "--out", str(out), "--timeout", str(step_timeout)] + list(args), env=env,
                timeout=900)
     assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
-    data = json.loads(out.read_text())
+    data = HarnessResult(json.loads(out.read_text()))
     data["_log"] = r.stdout + r.stderr
     data["_text"] = json.dumps(data.get("errors")) + json.dumps(data.get("warnings")) + data["_log"]
     return data

@@ -5,10 +5,10 @@ heads' slice of every layer and block.
 
 The rule under test (README "How it works", xlkv_autopatch/patches/handshake.py), ENABLE_XLKV
 on both sides, FLASH_ATTN: prefill TP 1 -> decode TP 2 is allowed where a cross-layer block
-keeps heads outermost (0.12-0.22 and 0.26-0.28) and must then arrive byte for byte with one
-descriptor per block; it is refused at handshake, naming heterogeneous TP, on 0.23-0.25 and
-0.29+. Stock vLLM (flag off) at TP 1 -> 2 is the control; TP 2 -> 2 with the shim is
-homogeneous and must transfer exactly."""
+keeps heads outermost (0.12-0.22, 0.26-0.28, and 0.29+ with xlkv's BHLNC rows: issue 44) and
+must then arrive byte for byte with one descriptor per block per remote rank; it is refused at
+handshake, naming heterogeneous TP, on 0.23-0.25. Stock vLLM (flag off) at TP 1 -> 2 is the
+control; TP 2 -> 2 with the shim is homogeneous and must transfer exactly."""
 
 import json
 
@@ -21,7 +21,7 @@ XLKV = {"ENABLE_XLKV": "true"}
 
 def hetero_tp_allowed(release):
     """Where xlkv lets prefill TP 1 -> decode TP 2 through with FLASH_ATTN cross-layer blocks."""
-    return (0, 12) <= release < (0, 23) or (0, 26) <= release < (0, 29)
+    return (0, 12) <= release < (0, 23) or (0, 26) <= release
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,13 @@ def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
         for name, case in r["cases"].items():
             # every decode rank reads its heads' slice of a block with one descriptor
             assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+        if release_of(vllm_env) >= (0, 29):
+            # the heads-outermost rows on both sides (issue 44): one head per decode rank, two on prefill,
+            # each side one region per block (page_contiguous.py has vLLM register the one-head rows whole)
+            assert r["kv_layout"] == "BHLNC" and r["num_regions"] == 1, (r["kv_layout"], r["num_regions"])
+            for x in r["d_ranks"] + r["p_ranks"]:
+                assert (x["worker"].get("kv_cache_layout"), x["worker"].get("num_regions")) == ("BHLNC", 1), x
+                assert "the KV heads outermost in each row" in json.dumps(x["xlkv_log"]), x["xlkv_log"]
         return
     # refused at handshake, before any byte moves, with xlkv's cause
     assert r["transfer_verified"] is False
@@ -130,11 +137,11 @@ def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
     for name, case in r["cases"].items():
         assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
     if release_of(vllm_env) >= (0, 29):
-        assert r["kv_layout"] == "BLNHC", r["kv_layout"]
+        assert r["kv_layout"] == "BHLNC", r["kv_layout"]
         for x in r["d_ranks"] + r["p_ranks"]:
             said = json.dumps(x["xlkv_log"])
             assert "one KV head per tensor-parallel rank: each block's row (4 layers" in said, said[-2000:]
-            assert "each block row registered as one region: page_contiguous.py" in said, said[-2000:]  # its hash
+            assert "heads-outermost BHLNC rows, each registered as one region" in said, said[-2000:]  # its hash
 
 
 def test_xlkv_tp2_to_tp2_never_moves_more_descriptors_than_stock(vllm_env, xlkv_2to2, tmp_path):
@@ -180,3 +187,41 @@ def test_the_per_rank_comparison_catches_a_rank_holding_other_heads(vllm_env, tm
     assert r["transfer_verified"] is False and case["bytes_ok"] is False
     assert all(x["num_mismatches"] > 0 for x in case["ranks"]), case
     assert "(D rank 0: heads 0..0)" in json.dumps(case["mismatches"]), case["mismatches"]
+
+
+def test_xlkv_tp1_to_tp2_catches_a_planted_wrong_head_offset(vllm_env, tmp_path):
+    """The byte check of heterogeneous TP with xlkv's rows has teeth: with vLLM's head slot of every
+    decode rank forced to 0 (harness --plant-fault head-offset), decode rank 1 reads rank 0's heads
+    and the run fails on that rank's bytes while the transfer itself completes."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("the plant wraps vLLM 0.29+'s TP mapping (nixl/tp_mapping.py)")
+    r = harness(vllm_env[1], tmp_path, "offset", "--d-tp", "2", "--kv-heads", "4", "--case", "noncontig",
+                "--plant-fault", "head-offset", env=XLKV, step_timeout=60)
+    assert r["kv_layout"] == "BHLNC", (r["kv_layout"], r["errors"])
+    case = r["cases"]["noncontig"]
+    assert all(x["recv_done"] for x in case["ranks"]), case
+    assert r["transfer_verified"] is False and case["bytes_ok"] is False
+    assert [x["bytes_ok"] for x in case["ranks"]] == [True, False], case["ranks"]
+
+
+def test_xlkv_sliding_window_hybrid_tp1_to_tp2_one_kv_head_per_decode_rank(vllm_env, tmp_path):
+    """Issue 44 (the llm-d gpt-oss case, P TP 1 -> D TP 2) and issue 43 item 2 (a sliding-window hybrid at one
+    KV head per rank was registered per layer: 3 regions per block id while the log and status said 1): the
+    gpt-oss-shaped hybrid (2 KV heads, several KV cache groups) with the flag, bytes exact on both decode
+    ranks, one region per block id on every rank, 1 descriptor per block id per remote rank."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("0.24-0.28 pack several KV cache groups into rows that cannot be sliced by heads (refused); "
+                    "0.12-0.23 plan one group or keep the stock layout")
+    r = harness(vllm_env[1], tmp_path, "swa_1to2", "--family", "swa", "--d-tp", "2", env=XLKV, step_timeout=60)
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    assert _vllm_ranks(r["d_ranks"]) == [(0, 2), (1, 2)]
+    for x in r["d_ranks"] + r["p_ranks"]:
+        assert (x["worker"].get("kv_cache_layout"), x["worker"].get("num_regions")) == ("BHLNC", 1), x["worker"]
+        assert "the KV heads outermost in each row" in json.dumps(x["xlkv_log"]), x["xlkv_log"]
+    for x in r["d_ranks"]:
+        assert _heads(x["layer_view_shape"]) == 1, x
+        assert "one KV head per tensor-parallel rank: each block's row" in json.dumps(x["xlkv_log"]), x["xlkv_log"]
+    assert len(r["kv_cache_groups"]) >= 2, r["kv_cache_groups"]
+    for name, case in r["cases"].items():
+        assert case["ok"] and case["bytes_ok"], (name, case)
+        assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)

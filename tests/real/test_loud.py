@@ -93,11 +93,31 @@ def test_explicit_layout_on_one_side_is_named(vllm_env, tmp_path):
     text = r["_text"]
     assert "here: VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins" in text, text[-4000:]
     assert "set ENABLE_XLKV=true on BOTH" not in text
+    # issue 43 item 1: decode says at start-up that the stock layout runs, and why (vLLM never asked the connector)
+    said = json.dumps(r["d"]["xlkv_log"])
+    assert "WARNING xlkv_autopatch: ENABLE_XLKV is set but the stock per-layer KV layout is kept: " \
+           "VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins: this engine runs LBHNC" in said, said[-3000:]
+    assert r["d"]["worker"].get("kv_cache_layout") == "LBHNC" and r["d"]["cross_layer"] is False
     # on prefill instead: decode (xlkv's layout) names an explicit layout among the remote's causes
     r = harness(vllm_env[1], tmp_path, "p_layout", "--case", "noncontig", "--p-env", "VLLM_KV_CACHE_LAYOUT=LBHNC",
                 env={"ENABLE_XLKV": "true"})
     assert r["transfer_verified"] is False
     assert "an explicit VLLM_KV_CACHE_LAYOUT, which wins over xlkv" in r["_text"], r["_text"][-4000:]
+
+
+def test_explicit_stock_layout_with_strict_stops_the_engine(vllm_env, tmp_path):
+    """Issue 43 item 1 (0.29+): ENABLE_XLKV=true XLKV_STRICT=1 VLLM_KV_CACHE_LAYOUT=LBHNC ran the stock layout
+    silently (vLLM reads the variable before asking the connector); strict must stop the engine with the
+    cause."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("KV cache layouts exist from vLLM 0.29")
+    r = harness(vllm_env[1], tmp_path, "strict_layout", "--case", "noncontig", "--d-env", "XLKV_STRICT=1",
+                "--d-env", "VLLM_KV_CACHE_LAYOUT=LBHNC", env={"ENABLE_XLKV": "true"})
+    assert r["transfer_verified"] is False
+    text = json.dumps(r.get("errors")) + r["_log"]
+    assert "xlkv_autopatch: ENABLE_XLKV is set but the stock per-layer KV layout is kept: VLLM_KV_CACHE_LAYOUT=LBHNC " \
+           "is set explicitly and wins" in text, text[-4000:]
+    assert "XLKV_STRICT=1 makes this an error" in text, text[-4000:]
 
 
 def test_smaller_kernel_block_on_one_side_is_named_as_such(vllm_env, tmp_path):
@@ -152,6 +172,24 @@ def test_flag_on_one_side_is_named_with_vllms_hash_check_off(vllm_env, tmp_path)
     assert "NIXL handshake refused: this engine runs xlkv's cross-layer KV layout" in text, text[-3000:]
     assert "the remote engine runs the stock per-layer KV layout (ENABLE_XLKV unset there" in text, text[-3000:]
     assert "enforce_handshake_compat: false" in text and "must be of shape" not in text, text[-3000:]
+
+
+def test_same_layout_name_registered_per_layer_is_named_with_the_hash_check_off(vllm_env, tmp_path):
+    """Issue 43 item 3 (0.29+): with vLLM's hash check off, a flagged decode facing a prefill on vLLM's own
+    BHLNC without the flag at one KV head per rank (both publish BHLNC; the prefill registers one region per
+    layer, the decode one per row) was refused by vLLM's generic "Number of KV layers must match"; xlkv
+    compares what was registered and names it."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("KV cache layouts exist from vLLM 0.29")
+    r = harness(vllm_env[1], tmp_path, "rows_vs_layers", "--case", "noncontig", "--p-tp", "2", "--d-tp", "2",
+                "--d-env", "ENABLE_XLKV=true", "--p-env", "VLLM_KV_CACHE_LAYOUT=BHLNC",
+                "--kv-extra", "enforce_handshake_compat=false", step_timeout=60)
+    assert r["transfer_verified"] is False
+    text = _refusal(r)
+    assert "NIXL handshake refused: this engine runs xlkv's cross-layer KV layout" in text, text[-3000:]
+    assert "this engine registered 1 region(s) (KV layout BHLNC), the remote engine 4 (KV layout BHLNC)" in text, \
+        text[-3000:]
+    assert "enforce_handshake_compat: false" in text and "Number of KV layers must match" not in text, text[-3000:]
 
 
 def test_explicit_kv_layout_variable_is_named_before_0_29(vllm_env, tmp_path):

@@ -224,14 +224,15 @@ def test_swa_flag_on_is_one_descriptor_per_block_id(vllm_env, runs):
 
 
 def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
-    """One KV head (TP 1): vLLM registers BLNHC as one region per layer there, since each layer's
-    page is contiguous; page_contiguous.py has it register each block's row as one region."""
+    """One KV head (TP 1): vLLM registers xlkv's BHLNC (as its own BLNHC) as one region per layer there,
+    since each layer's page is contiguous; page_contiguous.py has it register each block's row as one
+    region."""
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 34's one-KV-head target is for 0.29+")
     r = runs("mqa", "xlkv")
     _assert_bytes_exact(r, "mqa")
     reg, sent = _per_block(r)
-    assert r["kv_layout"] == "BLNHC" and reg == 1 and sent == 1, (r["kv_layout"], reg, sent,
+    assert r["kv_layout"] == "BHLNC" and reg == 1 and sent == 1, (r["kv_layout"], reg, sent,
                                                                   r["d"]["xlkv_log"][-3:])
 
 
@@ -246,7 +247,8 @@ def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env,
     refused = r["refused_peer"]
     assert "d_died" not in refused, refused.get("d_died")
     text = json.dumps(refused["errors"])
-    assert "NIXL handshake refused" in text and "each block's row registered as one NIXL region" in text, text[-3000:]
+    assert "NIXL handshake refused" in text and "BHLNC block rows, each registered as one NIXL region" in text, \
+        text[-3000:]
     assert "VLLM_KV_CACHE_LAYOUT=BLNHC or BHLNC) without ENABLE_XLKV" in text, text[-3000:]
     assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], refused
     assert not refused["xfer_calls"], refused

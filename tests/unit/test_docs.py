@@ -304,3 +304,23 @@ def test_the_model_family_table_is_what_its_results_files_say(tmp_path):
     planted.write_text(json.dumps(data))
     values, verdict = rf.cells(dict(row, file=str(planted)))
     assert values["xlkv"] == "2" and verdict == "NO"
+
+
+def test_the_heterogeneous_tp_table_is_what_its_results_files_say(tmp_path, monkeypatch):
+    """docs/support-matrix.md's heterogeneous-TP table (issue 44) is rendered from the harness's results
+    files; a planted change in one of them (a decode rank's descriptors per remote rank) is seen."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("render_hetero_tp",
+                                                  os.path.join(ROOT, "tests", "compat", "render_hetero_tp.py"))
+    rh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rh)
+    assert rh.main(["--check"]) == 0, "run python3 tests/compat/render_hetero_tp.py"
+    table = rh.render()
+    assert "| 0.33.0 | dense, 4 KV heads | 1 → 2 | 1 | exact, 4 region(s), 4 | exact, 1 region(s), 1 |" in table, table
+    # a planted fault in a copy of one file: the rendered row follows it
+    src = os.path.join(ROOT, "experiments", "results", "2026-11-26-hetero-tp-cpu-0.33.0.json")
+    data = json.load(open(src))
+    data["runs"]["xlkv_dense4_1to2"]["cases"]["noncontig"]["descriptors_per_block_per_remote_rank"] = [1.0, 4.0]
+    (tmp_path / "2026-11-26-hetero-tp-cpu-0.33.0.json").write_text(json.dumps(data))
+    monkeypatch.setattr(rh, "FILES", str(tmp_path / "*-hetero-tp-cpu-*.json"))
+    assert "| 1 → 2 | 1 | exact, 4 region(s), 4 | exact, 1 region(s), 1-4 |" in rh.render()

@@ -48,7 +48,9 @@ def test_family_from_config(cfg, kw, family):
     (facts(DEEPSEEK_V32, use_mla=True, heads=1), True, False, "#55431"),
     (facts(QWEN3, mamba=True), True, False, "Mamba"),
     (facts(QWEN3, heads=1), True, True, "each block's row as one region"),  # page_contiguous.py
-    (facts(QWEN3, heads=1), True, True, "the same tensor-parallel size"),
+    (facts(QWEN3, heads=1), True, True, "heterogeneous TP: 1 descriptor per block per remote rank"),
+    (facts(GPT_OSS, heads=1), True, True, "one KV head per tensor-parallel rank: xlkv has vLLM register"),
+    (facts(GPT_OSS, heads=1, pp=2), True, False, "pipeline parallel size 2"),
     (facts(QWEN3, heads=1, pp=2), True, False, "pipeline parallel size 2"),
     (facts(DEEPSEEK_V3, use_mla=True, heads=1, pp=2), True, False, "pipeline parallel size 2"),
     # vLLM 0.12-0.28: cross-layer blocks
@@ -68,6 +70,11 @@ def test_decide(family_facts, layouts, cross, words):
     assert d.cross_layer is cross
     assert words in d.reason
     assert d.reason.startswith(FM.TITLES[d.family])
+    # 0.29+: heads outermost wherever heads are split over ranks, token-major rows for MLA; whole-row
+    # registration at one KV head per rank whatever the family (issue 43 item 2: a sliding-window hybrid too)
+    want = None if not (layouts and cross) else FM.TOKEN_MAJOR_ROWS if family_facts.use_mla else FM.HEADS_OUTERMOST
+    assert d.layout == want
+    assert d.whole_rows is bool(layouts and cross and not family_facts.use_mla and family_facts.kv_heads_per_rank == 1)
 
 
 @pytest.mark.parametrize("cfg, groups, cross, words", [

@@ -214,3 +214,51 @@ def test_explicit_layout_variable_is_named():
     d = L.cross_layer_decision(kv_layout="NHD", env_layout=None, **base)
     assert not d.use and "VLLM_KV_CACHE_LAYOUT" not in d.reason
     assert L.cross_layer_decision(kv_layout="HND", env_layout="HND", **base).use
+
+
+def test_explicit_layout_0_29():
+    """Issue 43 item 1: an explicit VLLM_KV_CACHE_LAYOUT decides on 0.29+ (vLLM never asks the connector)."""
+    assert L.explicit_layout(None) is None and L.explicit_layout(" ") is None
+    stock = L.explicit_layout("LBHNC")
+    assert not stock.use and "VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins" in stock.reason
+    assert "this engine runs LBHNC, one NIXL region per layer" in stock.reason
+    assert "this engine runs LBNHC" in L.explicit_layout("NHD").reason  # vLLM's alias
+    assert L.explicit_layout("BHLNC").use and L.explicit_layout("bhlnc").use
+    blnhc = L.explicit_layout("BLNHC")
+    assert blnhc.use and "heterogeneous TP is refused" in blnhc.reason
+
+
+def test_heterogeneous_tp_0_29():
+    """Issue 44: heads-outermost rows are sliceable, token-major ones are not; MLA is replicated."""
+    kw = dict(cross_layer=True, blocks_first=False, whole_row_layout=True)
+    assert L.heterogeneous_tp_supported(tp_ratio=2, heads_outermost_rows=True, **kw).use
+    assert L.heterogeneous_tp_supported(tp_ratio=-4, heads_outermost_rows=True, **kw).use
+    assert not L.heterogeneous_tp_supported(tp_ratio=2, **kw).use
+    assert "token-major" in L.heterogeneous_tp_supported(tp_ratio=2, **kw).reason
+    assert L.heterogeneous_tp_supported(tp_ratio=2, replicated=True, **kw).use
+
+
+def test_heads_tile_row():
+    # 4 layers, one head's page 2048 bytes: 2 heads per row of 16384 bytes, heads 8192 apart
+    offsets = [0, 2048, 4096, 6144]
+    assert L.heads_tile_row(heads=2, head_stride=8192, page_offsets=offsets, page_bytes=4096, row_bytes=16384) is None
+    assert L.heads_tile_row(heads=1, head_stride=0, page_offsets=offsets, page_bytes=2048, row_bytes=8192) is None
+    # KV cache groups aliasing one row: repeated offsets count once
+    assert L.heads_tile_row(heads=2, head_stride=8192, page_offsets=offsets * 3, page_bytes=4096,
+                            row_bytes=16384) is None
+    # padding after the heads (the row is longer than heads x layers x page)
+    assert "padded" in L.heads_tile_row(heads=2, head_stride=8192, page_offsets=offsets, page_bytes=4096,
+                                        row_bytes=16384 + 512)
+    # a group with fewer layers than the row holds (3 of 4 page slots used)
+    assert "byte offsets" in L.heads_tile_row(heads=2, head_stride=8192, page_offsets=offsets[:3], page_bytes=4096,
+                                              row_bytes=16384)
+    assert L.heads_tile_row(heads=3, head_stride=1, page_offsets=[0], page_bytes=4096, row_bytes=4096)
+
+
+def test_remote_sources():
+    assert L.remote_sources(prefill_tp=1, decode_tp=4, kv_heads=8) == (1, None)
+    assert L.remote_sources(prefill_tp=4, decode_tp=1, kv_heads=8) == (4, None)
+    assert L.remote_sources(prefill_tp=8, decode_tp=2, kv_heads=8) == (4, None)
+    assert L.remote_sources(prefill_tp=16, decode_tp=2, kv_heads=8)[0] is None  # vLLM refuses (stock too)
+    assert L.remote_sources(prefill_tp=16, decode_tp=2, kv_heads=8, replicated=True) == (1, None)  # MLA
+    assert "do not divide" in L.remote_sources(prefill_tp=3, decode_tp=2, kv_heads=8)[1]

@@ -75,10 +75,61 @@ def test_heterogeneous_tp(release):
         handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 0, 1), {})
     release("0.26.0")
     assert handshake.validate_wrapper(ok, worker(world_size=2), (meta(), 0, 1), {}) == "original ran"
+    # MLA's cross-layer latent tensor (0.26-0.28): replicated on every rank, served at any TP pairing
+    assert handshake.validate_wrapper(ok, worker(world_size=2, backend_name="TRITON_MLA", use_mla=True),
+                                      (meta(), 0, 1), {}) == "original ran"
     release("0.33.0")
+    # token-major rows (vLLM's own BLNHC, set explicitly beside the flag): refused, as vLLM would
     w = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BLNHC")
-    with pytest.raises(XlkvMismatchError, match="block-outermost"):
+    with pytest.raises(XlkvMismatchError, match="token-major block-outermost rows"):
         handshake.validate_wrapper(ok, w, (meta(), 0, 1), {})
+    # xlkv's heads-outermost rows that page_contiguous.py checked: served, inside the head-slicing scope
+    seen = []
+
+    def original(*a, **k):
+        seen.append(_state.head_slicing_now())
+        return "original ran"
+
+    h = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BHLNC", block_len_per_layer=[1])
+    _state.mark_heads_outermost(h)
+    for remote_tp in (1, 4):  # D > P and P > D
+        assert handshake.validate_wrapper(original, h, (meta(kv_caches_base_addr=[1], kv_cache_layout="BHLNC"), 0,
+                                                        remote_tp), {}) == "original ran"
+    assert seen == [True, True] and not _state.head_slicing_now()
+    assert handshake.validate_wrapper(original, h, (meta(kv_caches_base_addr=[1], kv_cache_layout="BHLNC"), 0, 2),
+                                      {}) == "original ran"
+    assert seen[-1] is False  # equal TP: vLLM's own gate is not reached
+    # rows whose heads do not tile (padding): refused with that cause
+    padded = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BHLNC", block_len_per_layer=[1])
+    _state.mark_heads_outermost(padded, "the row is padded")
+    with pytest.raises(XlkvMismatchError, match="rows cannot be sliced by heads: the row is padded"):
+        handshake.validate_wrapper(ok, padded, (meta(kv_caches_base_addr=[1], kv_cache_layout="BHLNC"), 0, 1), {})
+    # MLA (token-major rows, replicated latent cache): vLLM reads one remote rank, nothing sliced
+    mla = worker(world_size=2, _xlkv_cross_layer=False, kv_cache_layout="BLNHC", use_mla=True)
+    assert handshake.validate_wrapper(ok, mla, (meta(kv_caches_base_addr=[1], kv_cache_layout="BLNHC"), 0, 1),
+                                      {}) == "original ran"
+    # the same layout name registered per layer on the peer (one KV head per rank without xlkv): refused
+    with pytest.raises(XlkvMismatchError, match=r"this engine registered 1 region\(s\) \(KV layout BHLNC\), the remote "
+                                                 r"engine 4 \(KV layout BHLNC\)"):
+        handshake.validate_wrapper(ok, h, (meta(kv_caches_base_addr=[1] * 4, kv_cache_layout="BHLNC"), 0, 1), {})
+
+
+def test_block_contiguous_answers_bhlnc_only_inside_the_head_slicing_scope():
+    from xlkv_autopatch.patches import block_contiguous
+
+    def member(name):
+        return types.SimpleNamespace(name=name)
+
+    def vllm(m):  # vLLM's own test: the last three physical dimensions are H, N, C
+        return m.name in ("LBHNC", "BLHNC")
+
+    def ask(name):
+        return block_contiguous.contiguous_wrapper(vllm, member(name), (member(name),), {})
+
+    assert [ask(n) for n in ("LBHNC", "BLHNC", "BLNHC", "BHLNC")] == [True, True, False, False]
+    with _state.head_slicing():
+        assert [ask(n) for n in ("LBHNC", "BLHNC", "BLNHC", "BHLNC", "LBNHC")] == [True, True, False, True, False]
+    assert ask("BHLNC") is False
 
 
 def test_region_layout_compared_without_hash_on_0_12(release):
@@ -207,53 +258,57 @@ def test_hash_wrapper_0_29_uses_resolved_layout(release):
     assert compat_hash.layout_hash_wrapper(fake, None, (cfg("BLNHC"), "FLASH_ATTN"), {}) == layout.tag_hash("h" * 64)
 
 
-def test_hash_wrapper_0_29_tags_the_one_kv_head_row_registration(release):
+def test_hash_wrapper_0_29_tags_the_heads_outermost_rows(release):
     release("0.33.0")
-    layout_obj = types.SimpleNamespace(name="BLNHC")
-    cfg = types.SimpleNamespace(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout_obj))
+
+    def cfg(name):
+        layout_obj = types.SimpleNamespace(name=name)
+        return types.SimpleNamespace(cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: layout_obj))
+
     fake = lambda vllm_config, attn_backend_name, transfer_mode="pull": "r" * 64  # noqa: E731
-    with _state.registering_rows():
-        row = compat_hash.layout_hash_wrapper(fake, None, (cfg, "FLASH_ATTN"), {})
-    assert row == layout.tag_hash("r" * 64, layout.ROW_AT_ONE_KV_HEAD) != layout.tag_hash("r" * 64)
-    assert not _state.rows_registering()  # only inside the registration
-    assert compat_hash.layout_hash_wrapper(fake, None, (cfg, "FLASH_ATTN"), {}) == layout.tag_hash("r" * 64)
-    # both tags are known, so a refusal can name what the peer runs
-    assert _state.KNOWN[row] == _state.XLKV_ROW and _state.KNOWN[layout.tag_hash("r" * 64)] == _state.XLKV
+    heads = compat_hash.layout_hash_wrapper(fake, None, (cfg("BHLNC"), "FLASH_ATTN"), {})
+    # one tag for BHLNC rows at any KV heads per rank (both sides of a TP 1 -> 2 pair publish it), another
+    # for token-major rows (MLA), and an older xlkv's one-KV-head rows recognised
+    assert heads == layout.tag_hash("r" * 64, layout.HEADS_OUTERMOST_ROWS) != layout.tag_hash("r" * 64)
+    assert compat_hash.layout_hash_wrapper(fake, None, (cfg("BLNHC"), "FLASH_ATTN"), {}) == layout.tag_hash("r" * 64)
+    assert _state.KNOWN[heads] == _state.XLKV_HEADS and _state.KNOWN[layout.tag_hash("r" * 64)] == _state.XLKV
+    assert _state.KNOWN[layout.tag_hash("r" * 64, layout.ROW_AT_ONE_KV_HEAD)] == _state.XLKV_ROW
 
 
-@pytest.mark.parametrize("local_tp, remote_tp, words", [
-    (2, 2, "registered as one NIXL region"),  # same TP: an xlkv peer registering the layout per layer
-    (2, 1, "prefill TP 1, decode TP 2: heterogeneous TP"),  # TP 1 -> 2 with two KV heads
-])
-def test_a_row_registration_peer_is_refused_with_the_cause(release, local_tp, remote_tp, words):
+@pytest.mark.parametrize("local_tp, remote_tp", [(2, 2), (2, 1)])
+def test_an_older_xlkv_peer_is_refused_with_the_cause(release, local_tp, remote_tp):
+    """An xlkv before 0.7.0 (BLNHC rows, one KV head per rank tagged apart): refused at any TP pairing,
+    naming both layouts and the fix (the same xlkv_autopatch on both sides)."""
     release("0.33.0")
     stock = "7" * 64
-    row = _state.remember_hashes(stock, cross_layer=True, row=True)
-    plain = layout.tag_hash(stock)
+    ours = _state.remember_hashes(stock, cross_layer=True, heads_outermost=True)
+    older = layout.tag_hash(stock, layout.ROW_AT_ONE_KV_HEAD)
 
     def failing(*a, **k):
-        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s. Prefill" % (row, plain))
+        raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s. Prefill" % (ours, older))
 
-    w = types.SimpleNamespace(compat_hash=row, world_size=local_tp,
+    w = types.SimpleNamespace(compat_hash=ours, world_size=local_tp,
                               kv_transfer_config=types.SimpleNamespace(kv_role="kv_consumer"))
     with pytest.raises(XlkvMismatchError) as e:
         handshake.handshake_wrapper(failing, w, ("127.0.0.1", 5600, remote_tp), {})
     msg = str(e.value)
-    assert words in msg and "xlkv's cross-layer KV layout (ENABLE_XLKV=true)" in msg, msg
+    assert "this kv_consumer engine runs xlkv's heads-outermost KV layout" in msg, msg
+    assert "the remote engine runs xlkv's token-major KV layout at one KV head per tensor-parallel rank" in msg, msg
+    assert "an xlkv_autopatch before 0.7.0" in msg and "with the same xlkv_autopatch" in msg, msg
 
 
-def test_a_stock_side_names_a_row_registration_peer(release):
+def test_a_stock_side_names_a_heads_outermost_peer(release):
     release("0.33.0")
     stock = "8" * 64
 
     def failing(*a, **k):
         raise RuntimeError("NIXL compatibility hash mismatch. Local: %s, Remote: %s."
-                           % (stock, layout.tag_hash(stock, layout.ROW_AT_ONE_KV_HEAD)))
+                           % (stock, layout.tag_hash(stock, layout.HEADS_OUTERMOST_ROWS)))
 
     w = types.SimpleNamespace(compat_hash=stock, kv_transfer_config=types.SimpleNamespace(kv_role="kv_both"))
     with pytest.raises(XlkvMismatchError) as e:
         handshake.handshake_wrapper(failing, w, (), {})
-    assert "remote engine runs xlkv's cross-layer KV layout at one KV head per tensor-parallel rank" in str(e.value)
+    assert "remote engine runs xlkv's heads-outermost KV layout" in str(e.value)
 
 
 def _fa(blocks):
@@ -384,14 +439,14 @@ def test_layout_wrapper(monkeypatch, release):
     monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
     cls = type("NixlPullConnector", (), {})
     cfg = _model_cfg()
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "BLNHC"
-    # MLA: NixlConnector asks for nothing, xlkv for the block-outermost layout (packed latent rows)
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "BHLNC"
+    # MLA: NixlConnector asks for nothing, xlkv for the token-major block-outermost layout (packed latent rows)
     assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (_model_cfg(use_mla=True, heads=1),), {}) == "BLNHC"
-    # sliding-window + full attention: BLNHC (one shared whole-row region for every group)
+    # sliding-window + full attention: BHLNC (one shared whole-row region for every group, heads outermost)
     swa = _model_cfg(hf=dict(sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2))
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (swa,), {}) == "BLNHC"
-    # one KV head per rank: BLNHC (page_contiguous.py registers each row as one region)
-    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(heads=1),), {}) == "BLNHC"
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (swa,), {}) == "BHLNC"
+    # one KV head per rank: BHLNC (page_contiguous.py registers each row as one region)
+    assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_model_cfg(heads=1),), {}) == "BHLNC"
     # stock, each with its WARNING: sparse-indexer MLA, Mamba hybrids, one KV head per rank with pipeline stages
     sparse = _model_cfg(use_mla=True, heads=1, hf=dict(index_topk=2048))
     assert kv_cache_layout.layout_wrapper(lambda cfg: None, cls, (sparse,), {}) is None
@@ -518,25 +573,26 @@ def test_over_allocation_is_seen_in_the_storage_under_budget_sized_views():
 
 
 def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_page(release):
-    """page_contiguous.py on vLLM-shaped views (BLNHC at one KV head per rank, as
-    create_kv_cache_views builds them); the stand-in register_kv_caches decides as vLLM 0.33's
-    loop does (a contiguous page: a region per layer, else the whole row); tests/real runs vLLM's."""
+    """page_contiguous.py on vLLM-shaped views (BHLNC, as create_kv_cache_views builds them: a layer's
+    view [blocks, heads, tokens, content] with the heads L x N x C apart); the stand-in register_kv_caches
+    decides as vLLM 0.33's loop does (a contiguous page: a region per layer, else the whole row);
+    tests/real runs vLLM's."""
     torch = pytest.importorskip("torch")
     from xlkv_autopatch.patches import page_contiguous
     release("0.33.0")
     layers, blocks, tokens, content = 4, 40, 16, 128
-    row = layers * tokens * content
-    buf = torch.arange(blocks * row, dtype=torch.float32)  # every element distinct
+    page = tokens * content  # one head's page of one layer, in elements
 
-    def blnhc(heads=1):
-        per = row * heads
-        return {"model.layers.%d.self_attn.attn" % i: buf[:blocks * per].as_strided(
-            (blocks, heads, tokens, content), (per, content, content * heads, 1), i * tokens * content * heads)
+    def bhlnc(heads=1, pad=0):
+        row = layers * page * heads + pad
+        buf = torch.arange(blocks * row, dtype=torch.float32)  # every element distinct
+        return {"model.layers.%d.self_attn.attn" % i: buf.as_strided(
+            (blocks, heads, tokens, content), (row, layers * page, content, 1), i * page)
             for i in range(layers)}
 
-    kv = blnhc()
+    kv = bhlnc()
     out, row_bytes = page_contiguous.row_views(kv)
-    assert row_bytes == row * 4 and list(out) == list(kv)
+    assert row_bytes == layers * page * 4 and list(out) == list(kv)
     for name, v in kv.items():
         w = out[name]
         assert v[0].is_contiguous() and not w[0].is_contiguous()
@@ -547,37 +603,53 @@ def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_pag
     # views that are not pages of one row each are left to vLLM, with the reason
     assert page_contiguous.row_views({n: v for n, v in list(kv.items())[:3]})[1].startswith("the layers' pages")
     assert page_contiguous.row_views({"x": torch.zeros(40, 2, 16, 128)})[0] is None
+    # the heads tile the row at one and at two KV heads per rank; a padded row or a missing layer does not
+    assert page_contiguous.heads_tiling(kv) is None and page_contiguous.heads_tiling(bhlnc(2)) is None
+    assert "padded" in page_contiguous.heads_tiling(bhlnc(2, pad=16))
+    assert "byte offsets" in page_contiguous.heads_tiling({n: v for n, v in list(bhlnc(2).items())[:3]})
 
     seen = {}
 
     def vllm_like(kv_caches):  # the stand-in's region rule, and what vLLM keeps
-        seen["rows"] = _state.rows_registering()
         seen["given"] = kv_caches
         w.device_kv_caches = kv_caches
         bases = {v.data_ptr() if v[0].is_contiguous() else v.untyped_storage().data_ptr() for v in kv_caches.values()}
         w.num_regions = len(bases)
         stride = next(iter(kv_caches.values())).stride(0) * 4
-        page = tokens * content * 4
-        w.block_len_per_layer = [stride] if len(bases) == 1 else [page] * len(bases)
+        w.block_len_per_layer = [stride] if len(bases) == 1 else [page * 4] * len(bases)
         w.block_stride_per_layer = [stride] * len(bases)
         return "registered"
 
-    w = types.SimpleNamespace(kv_cache_layout="BLNHC", use_mla=False, _has_mamba=False, use_host_buffer=False,
+    w = types.SimpleNamespace(kv_cache_layout="BHLNC", use_mla=False, _has_mamba=False, use_host_buffer=False,
                               vllm_config=_model_cfg(heads=1))
     conn = types.SimpleNamespace(connector_worker=w)
     assert page_contiguous.register_wrapper(vllm_like, conn, (kv,), {}) == "registered"
-    assert seen["rows"] is True and seen["given"] is not kv and w.num_regions == 1
+    assert seen["given"] is not kv and w.num_regions == 1
     assert w.device_kv_caches is kv  # vLLM's own views for everything after registration
-    assert not _state.rows_registering()
-    # not one KV head per rank (the family decides), or not a whole-row layout: vLLM's registration untouched
-    for kw in (dict(vllm_config=_model_cfg(heads=2)), dict(kv_cache_layout="LBHNC"), dict(use_host_buffer=True)):
-        other = types.SimpleNamespace(**dict(vars(w), **kw))
-        w2 = types.SimpleNamespace(**vars(other))
-        page_contiguous.register_wrapper(lambda kv_caches: seen.update(given=kv_caches, rows=_state.rows_registering()),
-                                         types.SimpleNamespace(connector_worker=w2), (kv,), {})
-        assert seen["given"] is kv and seen["rows"] is False, kw
+    assert _state.heads_outermost(w) == (True, None)  # handshake.py may let vLLM slice its heads
+    # a sliding-window hybrid at one KV head per rank gets the same (issue 43 item 2: the family no longer decides)
+    swa = types.SimpleNamespace(**dict(vars(w), vllm_config=_model_cfg(heads=1, hf=SWA_HF)))
+    swa.__dict__.pop(_state.HEADS_MARK, None)
+    assert page_contiguous.register_wrapper(vllm_like, types.SimpleNamespace(connector_worker=swa), (kv,), {})
+    assert seen["given"] is not kv and _state.heads_outermost(swa) == (True, None)
+    # two KV heads per rank: vLLM's own whole-row branch, checked and marked; padded rows marked with the cause
+    for views, verdict in ((bhlnc(2), (True, None)), (bhlnc(2, pad=16), (False, "padded"))):
+        w2 = types.SimpleNamespace(**dict(vars(w), vllm_config=_model_cfg(heads=2)))
+        w2.__dict__.pop(_state.HEADS_MARK, None)
+        page_contiguous.register_wrapper(lambda kv_caches: vllm_like(kv_caches), types.SimpleNamespace(
+            connector_worker=w2), (views,), {})
+        assert seen["given"] is views
+        sliceable, why = _state.heads_outermost(w2)
+        assert sliceable is verdict[0] and (why is None if verdict[1] is None else verdict[1] in why), why
+    # not a whole-row layout, or host buffer: vLLM's registration untouched, nothing marked
+    for kw in (dict(kv_cache_layout="LBHNC"), dict(use_host_buffer=True)):
+        w3 = types.SimpleNamespace(**dict(vars(w), **kw))
+        w3.__dict__.pop(_state.HEADS_MARK, None)
+        page_contiguous.register_wrapper(lambda kv_caches: seen.update(given=kv_caches),
+                                         types.SimpleNamespace(connector_worker=w3), (kv,), {})
+        assert seen["given"] is kv and _state.heads_outermost(w3) == (False, None), kw
     # vLLM registering per layer anyway: refused, since the hash says one region per row
-    with pytest.raises(XlkvRegistrationError, match="not one region of 32768 bytes per block"):
+    with pytest.raises(XlkvRegistrationError, match="not one region of one row per block"):
         page_contiguous.register_wrapper(lambda kv_caches: vllm_like(kv), conn, (kv,), {})
 
 

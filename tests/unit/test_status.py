@@ -14,6 +14,7 @@ from xlkv_autopatch import __main__ as cli
 
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
+        "VLLM_KV_CACHE_LAYOUT",
         "VLLM_PLUGINS", "XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT")
 
 
@@ -262,8 +263,9 @@ def test_runtime_refusals_of_0_33(status):
     assert rc == 0 and len(got) == 4, text
     assert got[0].startswith("a peer engine without ENABLE_XLKV=true") and "compatibility hash" in got[0]
     assert got[1].startswith("a different block size on prefill and decode")
-    assert got[2].startswith("heterogeneous TP") and "with any backend" in got[2], got[2]
-    assert "(block-outermost layouts cannot be sliced by heads for heterogeneous TP)" in got[2], got[2]
+    # issue 44: heterogeneous TP is served on heads-outermost rows; only rows whose heads do not tile are refused
+    assert got[2].startswith("heterogeneous TP where this engine's BHLNC block rows are padded"), got[2]
+    assert "with any backend" not in got[2] and "vLLM itself refuses prefill TP > decode TP" in got[2], got[2]
     assert got[3].startswith("KV tensors holding more blocks than the scheduler's budget")
 
 
@@ -293,3 +295,20 @@ def test_runtime_refusals_are_derived_from_the_release_table(status, monkeypatch
     monkeypatch.setattr(releases, "RELEASES", rows)
     after = [l for l in refusals(status("0.26.0")[1]) if l.startswith("heterogeneous TP")]
     assert "FLASH_ATTN is served" in before[0] and "with any backend" in after[0], (before, after)
+
+
+def test_an_explicit_stock_layout_is_predicted_and_strict_refuses_it(status):
+    """Issue 43 item 1 (0.29+): VLLM_KV_CACHE_LAYOUT=LBHNC with the flag on runs the stock layout (vLLM
+    never asks the connector): status says so, and with XLKV_STRICT=1 it is a problem (the engine refuses)."""
+    rc, text = status("0.33.0", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="LBHNC")
+    assert rc == 0, text
+    assert any("the stock per-layer KV layout runs" in n and "VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly" in n
+               for n in notes(text)), text
+    rc, text = status("0.33.0", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="LBHNC", XLKV_STRICT="1")
+    assert rc == 1 and "PROBLEM: XLKV_STRICT=1 and ENABLE_XLKV is set, but the stock per-layer KV layout would run" \
+        in text, text
+    # xlkv's own layout set explicitly, the flag off, or a release before layouts: nothing to say
+    for env in (dict(ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="BHLNC", XLKV_STRICT="1"),
+                dict(VLLM_KV_CACHE_LAYOUT="LBHNC", XLKV_STRICT="1")):
+        rc, text = status("0.33.0", **env)
+        assert rc == 0 and "VLLM_KV_CACHE_LAYOUT" not in "".join(notes(text)), text

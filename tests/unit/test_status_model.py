@@ -9,7 +9,8 @@ import pytest
 from xlkv_autopatch import __main__ as cli
 from xlkv_autopatch import facts
 
-OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "VLLM_PLUGINS", "VLLM_MLA_DISABLE")
+OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "VLLM_PLUGINS", "VLLM_MLA_DISABLE",
+        "VLLM_KV_CACHE_LAYOUT")
 
 CONFIGS = {
     "deepseek-v3": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=61,
@@ -48,12 +49,15 @@ def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
 @pytest.mark.parametrize("vllm, name, args, family, layout, stock, xlkv", [
     ("0.33.0", "deepseek-v3", (), "mla", "BLNHC", 61, 1),
     ("0.33.0", "deepseek-v32", (), "sparse-mla", "stock", 61, 61),
-    ("0.33.0", "gpt-oss", (), "sliding-window", "BLNHC", 18, 1),
+    ("0.33.0", "gpt-oss", (), "sliding-window", "BHLNC", 18, 1),
+    # gpt-oss at TP 8: one KV head per rank, whole rows for a sliding-window hybrid too (issue 43 item 2)
+    ("0.33.0", "gpt-oss", ("--tp", "8"), "sliding-window", "BHLNC", 18, 1),
+    ("0.33.0", "gpt-oss", ("--tp", "8", "--pp", "2"), "sliding-window", "stock", 18, 18),
     ("0.33.0", "qwen3-next", (), "mamba-hybrid", "stock", 48, 48),
-    ("0.33.0", "llama-70b", ("--tp", "8"), "one-kv-head", "BLNHC", 80, 1),
+    ("0.33.0", "llama-70b", ("--tp", "8"), "one-kv-head", "BHLNC", 80, 1),
     ("0.33.0", "llama-70b", ("--tp", "8", "--pp", "2"), "one-kv-head", "stock", 80, 80),
-    ("0.29.0", "llama-70b", ("--tp", "8"), "one-kv-head", "BLNHC", 80, 1),
-    ("0.33.0", "llama-70b", ("--tp", "4"), "dense", "BLNHC", 80, 1),
+    ("0.29.0", "llama-70b", ("--tp", "8"), "one-kv-head", "BHLNC", 80, 1),
+    ("0.33.0", "llama-70b", ("--tp", "4"), "dense", "BHLNC", 80, 1),
     ("0.26.0", "deepseek-v3", (), "mla", "one cross-layer KV tensor", 61, 1),
     ("0.28.0", "deepseek-v3", ("--pp", "2"), "mla", "stock", 61, 61),
     ("0.25.0", "deepseek-v3", (), "mla", "stock", 61, 61),
@@ -90,7 +94,7 @@ def test_the_text_report_names_family_layout_and_counts(status, capsys, tmp_path
     rc = cli.main(["status", "--no-resolve", "--model", str(tmp_path / "gpt-oss")])
     text = capsys.readouterr().out
     assert "sliding-window + full attention hybrid" in text
-    assert "with ENABLE_XLKV=true: BLNHC" in text and "stock 18, xlkv 1" in text
+    assert "with ENABLE_XLKV=true: BHLNC" in text and "stock 18, xlkv 1" in text
     assert text.rstrip().splitlines()[-1].startswith("status:")
 
 
@@ -99,3 +103,55 @@ def test_a_folder_without_config_is_a_problem(status, tmp_path, capsys):
     rc = cli.main(["status", "--no-resolve", "--json", "--model", str(tmp_path / "nothing")])
     info = json.loads(capsys.readouterr().out)
     assert rc == 1 and any("cannot read" in p for p in info["problems"])
+
+
+@pytest.mark.parametrize("vllm, name, p_tp, d_tp, served, sources, per_rank, words", [
+    # 0.29+: heads-outermost rows, 1 descriptor per block per remote rank whichever side is wider
+    ("0.33.0", "llama-70b", 1, 4, True, 1, {"stock": 80, "xlkv": 1}, "KV heads are outermost"),
+    ("0.33.0", "llama-70b", 4, 1, True, 4, {"stock": 80, "xlkv": 1}, "KV heads are outermost"),
+    ("0.33.0", "llama-70b", 2, 8, True, 1, {"stock": 80, "xlkv": 1}, "KV heads are outermost"),
+    ("0.33.0", "gpt-oss", 1, 4, True, 1, {"stock": 18, "xlkv": 1}, "KV heads are outermost"),  # llm-d's guide
+    ("0.33.0", "gpt-oss", 1, 8, True, 1, {"stock": 18, "xlkv": 1}, "KV heads are outermost"),
+    ("0.33.0", "deepseek-v3", 1, 2, True, 1, {"stock": 61, "xlkv": 1}, "replicated"),
+    ("0.33.0", "llama-70b", 8, 8, True, 1, {"stock": 80, "xlkv": 1}, "the same layout"),
+    # vLLM itself refuses prefill TP > decode TP above the KV heads (stock too)
+    ("0.33.0", "llama-70b", 16, 2, False, None, {"stock": None, "xlkv": None}, "with or without xlkv"),
+    # one side stock (pipeline stages at one KV head per rank), the other BHLNC: refused
+    # 0.12-0.28: FLASH_ATTN cross-layer blocks on 0.26 (heads outermost), refused on 0.24
+    ("0.26.0", "llama-70b", 1, 2, True, 1, {"stock": 80, "xlkv": 1}, "other attention backends"),
+    ("0.24.0", "llama-70b", 1, 2, False, 1, {"stock": 160, "xlkv": None}, "blocks-first"),  # K and V apart
+    ("0.26.0", "deepseek-v3", 1, 2, True, 1, {"stock": 61, "xlkv": 1}, "replicated"),  # one latent tensor
+    ("0.26.0", "gpt-oss", 1, 2, False, 1, {"stock": 18, "xlkv": None}, "packed multi-group"),
+])
+def test_status_for_a_pair(status, vllm, name, p_tp, d_tp, served, sources, per_rank, words):
+    rc, info = status(vllm, name, "--prefill-tp", str(p_tp), "--decode-tp", str(d_tp))
+    pair = info["pair"]
+    assert (pair["prefill_tp"], pair["decode_tp"], pair["served"]) == (p_tp, d_tp, served), pair
+    assert pair["remote_ranks_per_decode_rank"] == sources, pair
+    assert pair["descriptors_per_block_per_remote_rank"] == per_rank, pair
+    assert words in pair["reason"], pair["reason"]
+    assert rc == (0 if served else 1)
+    assert served or any(("prefill TP %d -> decode TP %d" % (p_tp, d_tp)) in p for p in info["problems"])
+
+
+def test_status_for_a_pair_with_a_stock_side(status):
+    rc, info = status("0.33.0", "llama-70b", "--prefill-tp", "4", "--decode-tp", "8", "--pp", "2")
+    pair = info["pair"]
+    assert not pair["served"] and "prefill gets BHLNC, decode stock" in pair["reason"], pair["reason"]
+    assert rc == 1
+
+
+def test_status_model_predicts_an_explicit_layout(status):
+    """Issue 43 item 1: with VLLM_KV_CACHE_LAYOUT set, status --model predicts what vLLM runs (the
+    variable wins on 0.29+), and XLKV_STRICT=1 makes a stock one a problem."""
+    rc, info = status("0.33.0", "llama-70b", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="LBHNC")
+    m = info["model"]
+    assert (m["layout"], m["cross_layer"]) == ("stock (LBHNC)", False), m
+    assert m["descriptors_per_block"] == {"stock": 80, "xlkv": 80} and "set explicitly and wins" in m["reason"]
+    rc, info = status("0.33.0", "llama-70b", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="LBHNC", XLKV_STRICT="1")
+    assert rc == 1
+    rc, info = status("0.33.0", "llama-70b", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="BLNHC")
+    assert (info["model"]["layout"], info["model"]["cross_layer"]) == ("BLNHC", True)
+    rc, info = status("0.33.0", "llama-70b", "--prefill-tp", "1", "--decode-tp", "2", ENABLE_XLKV="true",
+                      VLLM_KV_CACHE_LAYOUT="BLNHC")
+    assert info["pair"]["served"] is False and "token-major" in info["pair"]["reason"], info["pair"]

@@ -19,11 +19,13 @@ from .. import releases
 from ..errors import XlkvError
 from ..flag import flag_on, truthy
 from ..specs import PatchGroup, PatchSpec
-from . import (block_count, compat_hash, cross_layer_preference, cross_layer_registration, handshake,
-               kv_cache_layout, kv_connector_factory, model_runner, multi_connector, packed_kv_cache_config,
-               page_contiguous)
+from . import (block_contiguous, block_count, compat_hash, cross_layer_preference, cross_layer_registration,
+               handshake, kv_cache_layout, kv_connector_factory, model_runner, multi_connector,
+               packed_kv_cache_config, page_contiguous)
 
 KVCACHED_FLAGS = ("ENABLE_KVCACHED", "KVCACHED_AUTOPATCH")
+#: vLLM 0.29+'s KV-cache layout enum (KVCacheLayout), whose head-slicing test block_contiguous.py wraps
+KV_CACHE_LAYOUT = "vllm.v1.kv_cache_layout"
 #: patches attached to objects at run time rather than declared as PatchSpecs:
 #: (file, attribute, what it wraps) -> the PatchSpec name whose wrapper attaches them (so their
 #: releases are that spec's)
@@ -97,8 +99,10 @@ def _connector_specs(row):
         return [PatchSpec(name="kv_cache_layout.block_outermost", attr="get_required_kvcache_layout",
                           kind="classmethod", wrapper=kv_cache_layout.layout_wrapper, params=LAYOUT_PARAMS,
                           **on_connector),
-                PatchSpec(name="page_contiguous.one_kv_head_rows", attr="register_kv_caches", kind="method",
-                          wrapper=page_contiguous.register_wrapper, params=("self", "kv_caches"), **on_connector)]
+                PatchSpec(name="page_contiguous.block_rows", attr="register_kv_caches", kind="method",
+                          wrapper=page_contiguous.register_wrapper, params=("self", "kv_caches"), **on_connector),
+                PatchSpec(name="block_contiguous.heads_outermost", module=KV_CACHE_LAYOUT, owner="KVCacheLayout",
+                          attr="is_block_contiguous", kind="property", wrapper=block_contiguous.contiguous_wrapper)]
     if row.mechanism == "native":
         return [PatchSpec(name="cross_layer_preference.native", attr="prefer_cross_layer_blocks", kind="property",
                           wrapper=cross_layer_preference.native_wrapper, **on_connector)]

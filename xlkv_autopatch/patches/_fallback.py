@@ -1,9 +1,12 @@
 """ENABLE_XLKV is on but a configuration keeps the stock layout: one WARNING per cause, or with
 XLKV_STRICT=1 an error; the cause is remembered for the handshake's refusal (_state.py)."""
 
+import os
+
+from .. import facts, layout
 from ..errors import XlkvError
 from ..flag import knob
-from ..logs import logger, once
+from ..logs import info_once, logger, once
 from . import _state
 
 
@@ -26,3 +29,19 @@ def fallback(key, reason):
                         "with the stock layout, or unset ENABLE_XLKV)" % message)
     if once(("fallback", key)):
         logger.warning("xlkv_autopatch: %s", message)
+
+
+def explicit_layout():
+    """vLLM 0.29+: an explicit VLLM_KV_CACHE_LAYOUT decides the layout before the connector is asked
+    (``resolve_kv_cache_layout``), so kv_cache_layout.py never runs; said here, at registration, in
+    every flagged worker: a stock layout is a fallback (WARNING; XLKV_STRICT=1: an error), a
+    whole-row one an INFO line."""
+    if not facts.current().kv_cache_layouts:
+        return
+    decision = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT"))
+    if decision is None:
+        return
+    if not decision.use:
+        fallback("explicit-layout", decision.reason)
+    else:
+        info_once("explicit-layout", "%s", decision.reason)

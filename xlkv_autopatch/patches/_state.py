@@ -11,9 +11,12 @@ from .. import facts, layout
 
 PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the stock layout)"
 XLKV = "xlkv's cross-layer KV layout (ENABLE_XLKV=true)"
-#: 0.29+, one KV head per tensor-parallel rank: xlkv had vLLM register each block's row as one region
-XLKV_ROW = ("xlkv's cross-layer KV layout at one KV head per tensor-parallel rank, each block's row registered as "
-            "one NIXL region (ENABLE_XLKV=true, an xlkv_autopatch with patches/page_contiguous.py)")
+#: 0.29+, every model whose KV heads are split over TP ranks: BHLNC rows, each registered as one region
+XLKV_HEADS = ("xlkv's heads-outermost KV layout (ENABLE_XLKV=true, xlkv_autopatch 0.7.0 or later: BHLNC block rows, "
+              "each registered as one NIXL region)")
+#: an xlkv before 0.7.0 on vLLM 0.29+: token-major BLNHC rows at one KV head per rank, each registered as one region
+XLKV_ROW = ("xlkv's token-major KV layout at one KV head per tensor-parallel rank, each block's row registered as "
+            "one NIXL region (ENABLE_XLKV=true, an xlkv_autopatch before 0.7.0)")
 NATIVE = "vLLM's own cross-layer opt-in (enable_cross_layers_blocks) without xlkv"
 #: 0.29+ hash no KV layout: a peer without xlkv's tag may run vLLM's own block-outermost layout
 UNTAGGED_0_29 = ("no xlkv layout: the stock per-layer KV layout (ENABLE_XLKV unset there, or xlkv fell back to the "
@@ -35,13 +38,15 @@ MARK = "_xlkv_cross_layer"
 PACKED_MARK = "_xlkv_packed_groups"
 
 
-def remember_hashes(stock, cross_layer, native=None, row=False):
+def remember_hashes(stock, cross_layer, native=None, heads_outermost=False):
     """Record the hashes a peer of this model could publish; return the one to publish.
 
     ``stock`` is the hash without any layout factor (or, 0.16-0.28, with
-    ``cross_layers_blocks=False``); ``native`` the 0.16-0.28 hash with the flag True; ``row``:
-    this worker registers its rows as page_contiguous.py has vLLM do at one KV head per rank
-    (0.29+), which a peer registering per-layer regions of the same layout must not pair with.
+    ``cross_layers_blocks=False``); ``native`` the 0.16-0.28 hash with the flag True;
+    ``heads_outermost``: this worker registers BHLNC rows as one region each (0.29+,
+    page_contiguous.py checks it), which a peer registering another layout, or the same one per
+    layer, must not pair with; the tag is the same at every KV heads per rank, so that any TP
+    pairing of two such engines matches.
     """
     base = native if native is not None else stock
     tagged = layout.tag_hash(base)
@@ -56,16 +61,17 @@ def remember_hashes(stock, cross_layer, native=None, row=False):
         KNOWN[tagged] = XLKV
         if layouts:
             KNOWN[layout.tag_hash(base, layout.ROW_AT_ONE_KV_HEAD)] = XLKV_ROW
+            KNOWN[layout.tag_hash(base, layout.HEADS_OUTERMOST_ROWS)] = XLKV_HEADS
         if native is not None:
             KNOWN[native] = NATIVE
-    if cross_layer and row:
-        return layout.tag_hash(base, layout.ROW_AT_ONE_KV_HEAD)
+    if cross_layer and heads_outermost:
+        return layout.tag_hash(base, layout.HEADS_OUTERMOST_ROWS)
     return tagged if cross_layer else stock
 
 
 def is_xlkv(description):
     """A hash description that means one of xlkv's cross-layer registrations."""
-    return description in (XLKV, XLKV_ROW)
+    return description in (XLKV, XLKV_ROW, XLKV_HEADS)
 
 
 class _ThreadScope:
@@ -87,21 +93,37 @@ class _ThreadScope:
         return getattr(self._local, "depth", 0) > 0
 
 
-#: around a worker's register_kv_caches that page_contiguous.py changed (its hash says so)
-_ROWS = _ThreadScope()
+#: around a handshake (add_remote_agent) of a worker whose heads-outermost rows handshake.py lets through
+#: vLLM's heterogeneous-TP gate (block_contiguous.py reads it)
+_HEAD_SLICING = _ThreadScope()
 #: around xlkv's packed multi-group registration (compat_hash.py tags its hash, although vLLM
 #: passes ``cross_layers_blocks=False``)
 _PACKING = _ThreadScope()
 
-
-def registering_rows():
-    """``with registering_rows():`` around a register_kv_caches whose rows page_contiguous.py registers whole."""
-    return _ROWS
+HEADS_MARK = "_xlkv_heads_outermost_rows"
 
 
-def rows_registering():
-    """Is this thread inside a register_kv_caches whose rows page_contiguous.py registers whole?"""
-    return bool(_ROWS)
+def head_slicing():
+    """``with head_slicing():`` around a handshake in which vLLM may slice this worker's heads-outermost
+    rows by heads (block_contiguous.py answers its layout test for them)."""
+    return _HEAD_SLICING
+
+
+def head_slicing_now():
+    return bool(_HEAD_SLICING)
+
+
+def mark_heads_outermost(worker, why_not=None):
+    """This worker registered BHLNC rows as one region each (page_contiguous.py checked it after
+    vLLM's registration); ``why_not``: why its heads do not tile every row (None: they do)."""
+    setattr(worker, HEADS_MARK, why_not or True)
+
+
+def heads_outermost(worker):
+    """(the worker registered heads-outermost rows that vLLM may slice by heads, why not where it
+    registered BHLNC rows whose heads do not tile them; None where it registered no BHLNC rows)."""
+    value = getattr(worker, HEADS_MARK, None)
+    return value is True, (None if value is True else value)
 
 
 def describe_hash(value):

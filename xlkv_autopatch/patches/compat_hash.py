@@ -19,10 +19,12 @@ How
     model (stock, xlkv, vLLM's own opt-in) is remembered with a description (_state.py), so
     the handshake patch (handshake.py) can say which side is misconfigured.  With the flag
     on but the stock layout kept (MLA, fallback), the stock hash is published: the
-    layouts agree and stock peers interoperate.  0.29+: a worker whose rows
-    page_contiguous.py has vLLM register as one region each (one KV head per rank) publishes
-    a second tag (``layout.ROW_AT_ONE_KV_HEAD`` in the digest, same readable prefix), so a peer
-    that registers the same layout as one region per layer refuses the handshake.
+    layouts agree and stock peers interoperate.  0.29+: a worker on xlkv's
+    heads-outermost ``BHLNC`` layout, whose rows page_contiguous.py checks (and, at one KV head per
+    rank, has vLLM register) as one region each, publishes a second tag
+    (``layout.HEADS_OUTERMOST_ROWS`` in the digest, same readable prefix), the same at any KV heads
+    per rank, so the two sides of any TP pairing match while a peer with another layout (vLLM's
+    own BHLNC registered per layer, an xlkv before 0.7.0 on BLNHC) refuses the handshake.
 vLLM versions
     0.16+ through this wrapper (0.16-0.19 ``nixl_connector``, 0.20-0.23
     ``nixl.worker``, 0.24+ ``nixl.base_worker``); 0.13-0.15 compute the hash in the worker's
@@ -38,13 +40,13 @@ from . import _state
 from ._args import bind
 
 
-def _publish(stock, cross_layer, native=None, row=False):
-    published = _state.remember_hashes(stock, cross_layer=cross_layer, native=native, row=row)
+def _publish(stock, cross_layer, native=None, heads_outermost=False):
+    published = _state.remember_hashes(stock, cross_layer=cross_layer, native=native, heads_outermost=heads_outermost)
     if cross_layer:
         info_once("hash", "compatibility hash %s tagged as %s%s: peers without ENABLE_XLKV refuse the handshake",
                   (native or stock)[:12], published,
-                  " (one KV head per rank, each block row registered as one region: page_contiguous.py; a peer "
-                  "registering per-layer regions refuses it too)" if row else "")
+                  " (heads-outermost BHLNC rows, each registered as one region: page_contiguous.py; a peer with "
+                  "another layout, or registering per-layer regions, refuses it too)" if heads_outermost else "")
     return published
 
 
@@ -70,4 +72,5 @@ def layout_hash_wrapper(wrapped, instance, args, kwargs):
     (vllm_config,) = bind(args, kwargs, "vllm_config")
     stock = wrapped(*args, **kwargs)
     resolved = vllm_config.cache_config.get_resolved_kv_cache_layout().name
-    return _publish(stock, cross_layer=resolved in layout.WHOLE_ROW_LAYOUTS, row=_state.rows_registering())
+    return _publish(stock, cross_layer=resolved in layout.WHOLE_ROW_LAYOUTS,
+                    heads_outermost=resolved == layout.HEADS_OUTERMOST_LAYOUT)

@@ -5,8 +5,9 @@ Why
     that names the cause; so must configurations the cross-layer layout cannot serve
     correctly: a different block size on prefill and decode (a cross-layer row cannot be
     re-split into other token ranges) and heterogeneous TP where a block cannot be sliced
-    by heads (blocks-first backends, vLLM >= 0.29 whole-row layouts, 0.24-0.28's packed
-    multi-group layout that packed_kv_cache_config.py turns on).
+    by heads (blocks-first backends, vLLM >= 0.29 token-major BLNHC rows and heads-outermost
+    rows whose heads do not tile the row, 0.24-0.28's packed multi-group layout that
+    packed_kv_cache_config.py turns on).
 How
     ``_nixl_handshake`` is wrapped: vLLM's "NIXL compatibility hash mismatch" error is
     re-raised as XlkvMismatchError naming what each side runs (from the hashes
@@ -17,13 +18,13 @@ How
     wrapped to check block size and TP slicing before any of that runs (only where this
     worker registered xlkv's cross-layer layout; a block-size refusal tells a different
     ``--block-size`` from a different attention kernel block), and to compare the layouts
-    both sides registered (region counts up to 0.28, the published KV-cache layout name
-    from 0.29): that is what refuses a one-sided flag on 0.12, which has no hash, and where
-    the hash check is off (``enforce_handshake_compat: false``), before vLLM's own
-    block-length assertions.  On 0.29+ a hash mismatch between a block-outermost side and a
-    side with another TP size is refused as heterogeneous TP (the sides of a TP 1 -> 2 pair
-    with two KV heads publish different tags: two heads per rank on one side, one on the
-    other, whose rows page_contiguous.py registers).  ``get_finished`` (0.12-0.21) completes the
+    both sides registered (region counts up to 0.28; from 0.29 the published KV-cache layout
+    name, and for the same whole-row layout the region counts: one row per block here, one
+    region per layer there): that is what refuses a one-sided flag on 0.12, which has no hash,
+    and where the hash check is off (``enforce_handshake_compat: false``), before vLLM's own
+    block-length assertions.  On 0.29+ heterogeneous TP with heads-outermost rows
+    (page_contiguous.py checked them) goes on inside ``_state.head_slicing()``, where
+    block_contiguous.py lets vLLM's own head-slicing gate through.  ``get_finished`` (0.12-0.21) completes the
     receives whose handshake failed without vLLM's post-processing, which looked up the
     refused remote engine (KeyError: the decode worker died); 0.22+ skip failed receives
     themselves.  Release differences (hash or not, which layouts keep heads outermost,
@@ -112,11 +113,12 @@ def _connectors_here(worker):
 def _explain(local, remote, worker=None):
     """(what this engine runs, what the remote runs, the fix) or None when xlkv cannot tell."""
     ours, theirs = _state.describe_hash(local), _state.describe_hash(remote)
-    if theirs is None and remote and local and remote in (layout.tag_hash(local),
-                                                          layout.tag_hash(local, layout.ROW_AT_ONE_KV_HEAD)):
+    tagged = {layout.tag_hash(local): _state.XLKV, layout.tag_hash(local, layout.ROW_AT_ONE_KV_HEAD): _state.XLKV_ROW,
+              layout.tag_hash(local, layout.HEADS_OUTERMOST_ROWS): _state.XLKV_HEADS} if local else {}
+    if theirs is None and remote in tagged:
         # the peer is this very configuration with xlkv's layout; this side kept the stock one
         ours = LOCAL_PER_LAYER
-        theirs = _state.XLKV if remote == layout.tag_hash(local) else _state.XLKV_ROW
+        theirs = tagged[remote]
     if theirs is None:
         if remote and remote.startswith(layout.HASH_PREFIX):
             here = ours if _state.is_xlkv(ours) else LOCAL_PER_LAYER + _local_cause()
@@ -132,20 +134,6 @@ def _explain(local, remote, worker=None):
     return ours, theirs, FIX
 
 
-def _tp_refusal(instance, remote_tp, ours, theirs):
-    """0.29+: a block-outermost layout on one side and another TP size on the other (the sides of
-    a TP 1 -> 2 pair can publish different hashes: see compat_hash.py and page_contiguous.py)."""
-    local_tp = _local_tp(instance)
-    if not isinstance(remote_tp, int) or remote_tp == local_tp or not facts.current().kv_cache_layouts:
-        return None
-    decision = layout.heterogeneous_tp_supported(cross_layer=True, tp_ratio=2, blocks_first=False,
-                                                 whole_row_layout=True)
-    return XlkvMismatchError(
-        "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: heterogeneous TP with xlkv's layout on "
-        "either side: %s (this engine runs %s; the remote engine runs %s). Fix: use the same tensor-parallel size on "
-        "both, or unset ENABLE_XLKV on both" % (remote_tp, local_tp, decision.reason, ours, theirs))
-
-
 def handshake_wrapper(wrapped, instance, args, kwargs):
     try:
         return wrapped(*args, **kwargs)
@@ -158,9 +146,6 @@ def handshake_wrapper(wrapped, instance, args, kwargs):
         if explained is None:
             raise  # not a layout difference xlkv can name: keep vLLM's message
         ours, theirs, fix = explained
-        tp = _tp_refusal(instance, bind(args, kwargs, "host", "port", "remote_tp_size")[2], ours, theirs)
-        if tp is not None and (_state.is_xlkv(ours) or _state.is_xlkv(theirs)):
-            raise tp from err
         raise XlkvMismatchError(
             "xlkv_autopatch: NIXL handshake refused: this %s engine runs %s; the remote engine runs %s. %s"
             % (_role(instance), ours, theirs, fix)) from err
@@ -231,6 +216,10 @@ def _layout_refusal(instance, meta, cross, f):
     remote_cross = layout.remote_cross_layer(
         local_cross=cross, local_regions=local_regions, remote_regions=remote_regions,
         **(dict(local_layout=names[0], remote_layout=names[1]) if f.kv_cache_layouts else {}))
+    if remote_cross is None and f.kv_cache_layouts and cross and local_regions == 1 and remote_regions > 1:
+        # the same whole-row layout name, registered as one region per layer there (a layer's page is
+        # contiguous at one KV head per rank; only xlkv has vLLM register the row whole then)
+        remote_cross = False
     if remote_cross is None:
         return None
     regions = ("this engine registered %d region(s) (KV layout %s), the remote engine %d (KV layout %s)"
@@ -257,6 +246,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
     remote_tp = 1 if remote_tp is None else remote_tp  # the signature's default
     f = facts.current()
     cross = _state.is_cross_layer(instance)
+    slicing = False
     if cross:
         local_bs = getattr(instance, "block_size", None)
         remote_bs = getattr(meta, "block_size", None)
@@ -264,11 +254,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
             raise _block_size_refusal(meta, local_bs, remote_bs, _logical_block_size(instance))
         local_tp = _local_tp(instance)
         if remote_tp and remote_tp != local_tp:
-            ratio = local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
-            heads_outermost = getattr(instance, "backend_name", "") == "FLASH_ATTN" and f.fa_heads_outermost
-            decision = layout.heterogeneous_tp_supported(
-                cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost,
-                whole_row_layout=f.kv_cache_layouts, packed_groups=_state.is_packed_groups(instance))
+            decision, slicing = _hetero_tp(instance, f, local_tp, remote_tp)
             if not decision.use:
                 raise XlkvMismatchError(
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "
@@ -277,4 +263,26 @@ def validate_wrapper(wrapped, instance, args, kwargs):
     refusal = _layout_refusal(instance, meta, cross, f)
     if refusal is not None:
         raise refusal
+    if slicing:
+        with _state.head_slicing():  # block_contiguous.py: vLLM's gate lets these rows through
+            return wrapped(*args, **kwargs)
     return wrapped(*args, **kwargs)
+
+
+def _hetero_tp(instance, f, local_tp, remote_tp):
+    """(can this cross-layer worker read a peer at ``remote_tp``, does vLLM slice heads-outermost rows
+    for it: the gate's scope is needed)."""
+    ratio = local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
+    if f.kv_cache_layouts:
+        sliceable, why_not = _state.heads_outermost(instance)
+        decision = layout.heterogeneous_tp_supported(
+            cross_layer=True, tp_ratio=ratio, blocks_first=False, whole_row_layout=True,
+            heads_outermost_rows=sliceable, replicated=bool(getattr(instance, "use_mla", False)))
+        if why_not:
+            decision = layout.Decision(False, "this engine's %s rows cannot be sliced by heads: %s"
+                                       % (layout.HEADS_OUTERMOST_LAYOUT, why_not))
+        return decision, decision.use and sliceable
+    heads_outermost = getattr(instance, "backend_name", "") == "FLASH_ATTN" and f.fa_heads_outermost
+    return layout.heterogeneous_tp_supported(
+        cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost, whole_row_layout=False,
+        packed_groups=_state.is_packed_groups(instance), replicated=bool(getattr(instance, "use_mla", False))), False

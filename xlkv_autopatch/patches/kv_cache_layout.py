@@ -23,8 +23,10 @@ How
     layout the same way.  vLLM still validates the preference against the attention
     backends' supported layouts and falls back (with its own warning) where it is not
     allowed, e.g. FlashInfer on SM100; the hash patch then publishes the stock hash, since
-    the layout really is stock.  An explicit ``VLLM_KV_CACHE_LAYOUT`` always wins (vLLM never
-    asks the connector then); the wrapper logs that once.
+    the layout really is stock.  An explicit ``VLLM_KV_CACHE_LAYOUT`` always wins: vLLM 0.33 reads
+    it before asking the connector (``resolve_kv_cache_layout``, ``v1/attention/backends/utils.py``
+    :362), so this wrapper never runs then; page_contiguous.py says so at registration instead
+    (a stock layout: a WARNING, with XLKV_STRICT=1 an error) and ``status`` predicts it.
 vLLM versions
     0.29+.
 Removal
@@ -91,5 +93,5 @@ def layout_wrapper(wrapped, cls, args, kwargs):
         info_once("layout:" + decision.reason, "keeping KV cache layout %s: %s", stock, decision.reason)
         return stock
     info_once("layout", "%s requests KV cache layout %s (%s; %s)", getattr(cls, "__name__", cls),
-              layout.BLOCK_OUTERMOST_LAYOUT, model.reason, decision.reason)
-    return layout.BLOCK_OUTERMOST_LAYOUT
+              model.layout, model.reason, decision.reason)
+    return model.layout

@@ -9,6 +9,12 @@ def block_dim(shape, tensor_blocks):
     return dims[0]
 
 
+def replicated():
+    """The model's KV cache is the same on every TP rank (MLA's latent cache: vLLM reads one remote
+    rank and slices nothing), not split by KV heads."""
+    return model.FAMILY == "mla"
+
+
 def head_dim(shape, heads):
     """The KV-head dim of a per-layer view: FLASH_ATTN up to 0.25 gives [..., tokens, heads,
     head_size] (K/V a separate dim), 0.26+ [blocks, heads, tokens, 2 * head_size]."""
@@ -34,7 +40,7 @@ def fill_reference(state):
     ref = {}
     for n in state["names"]:
         t = state["kv_caches"][n]
-        if tp == 1:
+        if tp == 1 or replicated():  # MLA: every rank holds the same latent cache, drawn alike
             src = torch.randn(tuple(t.shape), generator=g).to(t.dtype)
         else:
             hd = head_dim(t.shape, model.NUM_KV_HEADS // tp)
@@ -102,7 +108,7 @@ def verify(p_info, d_layers, expected_owner, d_shape=None, d_rank=0, d_tp=1):
     k = p_info.get("kernel_ratio", 1)
     bd = block_dim(shape, nblocks)
     heads = None
-    if d_tp > 1 or d_shape != shape:
+    if (d_tp > 1 or d_shape != shape) and not replicated():
         hd = head_dim(shape, model.NUM_KV_HEADS)
         per = model.NUM_KV_HEADS // d_tp
         assert d_shape[hd] == per and bd != hd, (d_shape, shape)
@@ -132,7 +138,7 @@ def verify(p_info, d_layers, expected_owner, d_shape=None, d_rank=0, d_tp=1):
 def join_reference(p_infos):
     """The whole model's reference from P's ranks: each holds its heads' slice."""
     import numpy as np
-    if len(p_infos) == 1:
+    if len(p_infos) == 1 or replicated():
         return p_infos[0]
     first = p_infos[0]
     shape = list(first["ref_shape"])

@@ -56,7 +56,8 @@ def build_parser():
     ap.add_argument("--kv-heads", type=int, default=None,
                     help="KV heads of the model (default: the family's, %d for dense; each TP rank holds "
                          "KV heads / TP)" % model.NUM_KV_HEADS)
-    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder", "uneven-regions", "shift-group"),
+    ap.add_argument("--plant-fault", choices=("corrupt", "swap-d-ranks", "misorder", "uneven-regions", "shift-group",
+                                              "head-offset"),
                     default=None,
                     help="harness self-test, the run must fail: 'corrupt' changes one received "
                          "element on D's last rank; 'swap-d-ranks' starts D's ranks in reverse "
@@ -64,7 +65,8 @@ def build_parser():
                          "descriptor ids of every transfer without their remote partners; 'uneven-regions' hands "
                          "D's connector worker, at registration, regions that disagree on their block count (the "
                          "first layer one block short, or the cross-layer tensor plus a view one block shorter); "
-                         "'shift-group' replaces the last KV cache group's first received block by the next block")
+                         "'shift-group' replaces the last KV cache group's first received block by the next block; "
+                         "'head-offset' (0.29+) makes vLLM's head slot of every decode rank inside a remote block 0")
     ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
                     help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
                          "into D's blocks; releases that have it, TP 1 only)")

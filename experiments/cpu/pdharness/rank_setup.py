@@ -391,6 +391,18 @@ def plant_uneven_regions(state):
     worker.register_kv_caches = uneven
 
 
+def plant_head_offset(state):
+    """--plant-fault head-offset (harness self-test of the per-rank byte check; D only, vLLM 0.29+):
+    vLLM's head slot of this decode rank inside a remote block is taken as 0 on every rank, so a
+    rank other than the first reads the first rank's heads (a wrong head offset, as a layout whose
+    heads are not where the slicing assumes would give).  A harness wrapper of the module function
+    vLLM's TP mapping calls (``nixl/tp_mapping.py`` compute_head_offset); nothing else changes."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import tp_mapping
+
+    tp_mapping.compute_head_offset = lambda *args, **kwargs: 0
+    state["planted_head_offset"] = True
+
+
 class _HostStorage:
     """A host tensor's storage as vLLM's packed registration reads a GPU one: its device index is
     0, the device id vLLM's per-layer registration gives host tensors (``max(get_device(), 0)``)."""
@@ -428,6 +440,8 @@ def _allocate_and_register(cfg, kvcc, backend, names, state):
     cpu_packed_storage(state)
     if state["role"] == "d" and state.get("plant_fault") == "uneven-regions":
         plant_uneven_regions(state)
+    if state["role"] == "d" and state.get("plant_fault") == "head-offset":
+        plant_head_offset(state)
     runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
     view = tuple(kv_caches[names[0]].shape)
     if state["tensor_blocks"] not in view and model.NUM_BLOCKS * state["kernel_ratio"] in view:

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Render the heterogeneous-TP results (experiments/results/*-hetero-tp-cpu-<release>.json, written by
+experiments/cpu/hetero_tp.py) as the table of docs/support-matrix.md.
+
+    python3 tests/compat/render_hetero_tp.py [--check]
+
+One row per release and pairing: the model, prefill TP -> decode TP, the prefill ranks each decode
+rank reads, then for stock and for xlkv whether every case's bytes matched on every decode rank, the
+regions decode registered, and the descriptors per block per remote rank (every case and decode rank;
+a range where they differ).  Every cell is read from the files.  Replaces the text between
+``<!-- hetero-tp:start -->`` and ``<!-- hetero-tp:end -->``; ``--check`` exits 1 when the document is
+not what the files say (tests/unit/test_docs.py runs it).
+"""
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FILES = os.path.join(ROOT, "experiments", "results", "*-hetero-tp-cpu-*.json")
+DOC = os.path.join(ROOT, "docs", "support-matrix.md")
+START, END = "<!-- hetero-tp:start -->", "<!-- hetero-tp:end -->"
+MODELS = {"dense": "dense, %s KV heads", "swa": "gpt-oss-shaped sliding-window hybrid, 2 KV heads",
+          "mla": "DeepSeek-V2-shaped MLA"}
+
+
+def _release_key(path):
+    return tuple(int(x) for x in path.rsplit("-", 1)[1][:-5].split("."))
+
+
+def _cell(run):
+    """'exact, 4 regions, 4' for one run (None: not run)."""
+    if run is None:
+        return "not run"
+    if not run.get("transfer_verified"):
+        text = " ".join(run.get("errors") or ["no bytes compared"])
+        at = text.find("NIXL handshake refused: ")  # xlkv's own refusal, where there is one
+        why = text[at + len("NIXL handshake refused: "):].split(". Fix:")[0] if at >= 0 else text
+        return "**refused**: %s" % why[:200].replace("|", "/")
+    per = sorted({v for c in run["cases"].values() for v in c.get("descriptors_per_block_per_remote_rank") or []
+                  if v is not None})
+    count = "%g" % per[0] if len(per) == 1 else "%g-%g" % (per[0], per[-1]) if per else "?"
+    return "exact, %s region(s), %s" % (run.get("num_regions"), count)
+
+
+def rows():
+    out = []
+    for path in sorted(glob.glob(FILES), key=_release_key):
+        with open(path) as f:
+            res = json.load(f)
+        pairings = []
+        for name, run in res["runs"].items():
+            key = name.split("_", 1)[1]
+            if key not in pairings:
+                pairings.append(key)
+        for key in pairings:
+            stock, xlkv = res["runs"].get("stock_" + key), res["runs"].get("xlkv_" + key)
+            any_run = stock or xlkv
+            model = MODELS[any_run["family"]] % (any_run.get("kv_heads"),) if "%s" in MODELS[any_run["family"]] \
+                else MODELS[any_run["family"]]
+            out.append("| %s | %s | %d → %d | %d | %s | %s | [%s](../experiments/results/%s) |" % (
+                res["vllm"], model, any_run["prefill_tp"], any_run["decode_tp"],
+                any_run["remote_ranks_per_decode_rank"], _cell(stock), _cell(xlkv), os.path.basename(path)[:-5],
+                os.path.basename(path)))
+    return out
+
+
+def render():
+    head = ["| vLLM | model (4 layers) | prefill TP → decode TP | prefill ranks per decode rank | stock: bytes, D's "
+            "regions, descriptors per block per remote rank | xlkv (`ENABLE_XLKV=true` on both) | file |",
+            "|---|---|---|---|---|---|---|"]
+    return "\n".join(head + rows())
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    with open(DOC) as f:
+        text = f.read()
+    before, rest = text.split(START, 1)
+    _, after = rest.split(END, 1)
+    new = before + START + "\n" + render() + "\n" + END + after
+    if "--check" in argv:
+        return 0 if new == text else 1
+    with open(DOC, "w") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
