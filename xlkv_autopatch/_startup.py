@@ -57,8 +57,8 @@ def activate(source):
         except ImportError as e:
             raise errors.XlkvDependencyError(
                 "xlkv_autopatch: ENABLE_XLKV is set but its dependency %s cannot be imported (%s), so vLLM cannot be "
-                "patched. Fix: pip install '%s' into this environment (xlkv_autopatch was probably installed with "
-                "--no-deps), or unset ENABLE_XLKV" % (name, e, pin)) from e
+                "patched. Fix: pip install '%s' into this environment (%s), or unset ENABLE_XLKV"
+                % (name, e, pin, _how_it_came(source))) from e
     from . import logs, patches, registry
 
     for note in removed_knob_notes():
@@ -66,6 +66,14 @@ def activate(source):
             logs.logger.warning("xlkv_autopatch: %s", note)
     registry.REGISTRY.install(source=source, groups_provider=patches.all_groups)
     return True
+
+
+def _how_it_came(source):
+    """Why a dependency may be missing, by the activation path that ran (issue 43 item 5)."""
+    if source == "sitecustomize":
+        return ("this process activated xlkv from a source checkout's sitecustomize.py on PYTHONPATH, where "
+                "nothing installed its dependencies; `pip install <checkout>` installs them with it")
+    return "xlkv_autopatch was probably installed with --no-deps"
 
 
 class _RefuseVllm:

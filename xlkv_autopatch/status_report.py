@@ -146,9 +146,9 @@ def collect(resolve=True):
     notes.extend(removed_knob_notes())  # no refusal: whatever its value, the run is the one without it
     for name, err in sorted(missing.items()):
         problems.append("%s cannot be imported (%s): with ENABLE_XLKV set, %s. Fix: pip install '%s' into this "
-                        "environment (xlkv_autopatch was probably installed with --no-deps)"
+                        "environment (%s)"
                         % (name, err, REFUSES.replace("raise this error", "raise the error naming it"),
-                           {"wrapt": "wrapt>=1.14", "packaging": "packaging>=21"}[name]))
+                           {"wrapt": "wrapt>=1.14", "packaging": "packaging>=21"}[name], _how_installed()))
     allow = out["activation"]["vllm_plugins_allowlist"]
     if allow is not None and PLUGIN_NAME not in [s.strip() for s in allow.split(",")]:
         problems.append(
@@ -223,6 +223,19 @@ def runtime_refusals(f):
     if not f.kv_cache_layouts:
         out.append("KV tensors that disagree on their block count: registration with NIXL is refused at start-up")
     return out
+
+
+def _how_installed():
+    """Why a dependency may be missing: no installed distribution (a checkout on the path: nothing installed
+    its dependencies), else an install without them."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("xlkv_autopatch")
+    except importlib.metadata.PackageNotFoundError:
+        return ("xlkv_autopatch itself is not installed here, it runs from a checkout on the path, where nothing "
+                "installed its dependencies; `pip install <checkout>` installs them with it")
+    return "xlkv_autopatch was probably installed with --no-deps"
 
 
 def explicit_layout_problem(f, state):

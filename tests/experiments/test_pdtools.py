@@ -822,3 +822,18 @@ def test_reference_pd_stock_v1_separates_the_model_runner_from_the_layout():
     del runs["pd:stock-v1"]
     s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
     assert not s["pass"] and "no pd:stock-v1 run" in s["mismatches"][0]
+
+
+def test_an_empty_setting_reads_as_unset(monkeypatch):
+    """Issue 43 item 9: the scripts read ${X:-default}, so an empty value takes the default (a plant that read
+    os.environ.get(name, default) let an empty TP_D through as "")."""
+    from pdtools import settings
+    monkeypatch.setenv("TP_D", "")
+    monkeypatch.setenv("WORK", "")
+    assert settings.setting("TP_D") == settings.DEFAULTS["TP_D"] == "1"
+    assert settings.int_setting("TP_D") == 1
+    assert settings.setting("WORK") == settings.DEFAULTS["WORK"]
+    monkeypatch.setenv("TP_D", "2")
+    assert settings.int_setting("TP_D") == 2
+    monkeypatch.setenv("XLKV_NO_SUCH_SETTING", "")
+    assert settings.setting("XLKV_NO_SUCH_SETTING", "fallback") == "fallback"

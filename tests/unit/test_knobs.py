@@ -3,6 +3,7 @@ an error naming the knob, the value and the accepted values, and start-up refuse
 
 import os
 import re
+import sys
 
 from pathlib import Path
 
@@ -152,3 +153,18 @@ def test_start_up_warns_once_per_process_about_a_removed_knob_and_activates(monk
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "XLKV_NOTICE_WAIT was removed in xlkv_autopatch 0.4.0" in warnings[0], warnings
     assert len(installed) == 2  # not a refusal: the shim activates as without the knob
+
+
+@pytest.mark.parametrize("source, says, never", [
+    ("sitecustomize", "from a source checkout's sitecustomize.py on PYTHONPATH", "--no-deps"),
+    ("pth", "installed with --no-deps", "sitecustomize"),
+    ("vllm_plugin", "installed with --no-deps", "sitecustomize"),
+])
+def test_a_missing_dependency_names_the_activation_path_that_ran(monkeypatch, source, says, never):
+    """Issue 43 item 5: on the checkout's sitecustomize path nothing was installed, so "--no-deps" is not the cause."""
+    from xlkv_autopatch.errors import XlkvDependencyError
+    monkeypatch.setenv("ENABLE_XLKV", "1")
+    monkeypatch.setitem(sys.modules, "wrapt", None)  # import wrapt raises ImportError
+    with pytest.raises(XlkvDependencyError) as e:
+        _startup.activate(source)
+    assert "pip install 'wrapt>=1.14'" in str(e.value) and says in str(e.value) and never not in str(e.value)
