@@ -139,6 +139,9 @@ def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
     if release_of(vllm_env) >= (0, 29):
         assert r["kv_layout"] == "BHLNC", r["kv_layout"]
         for x in r["d_ranks"] + r["p_ranks"]:
+            # issue 43 item 8: after the whole-row registration the worker keeps the runner's own views (its
+            # receive post-processing reads them), not the content-major views page_contiguous.py handed it
+            assert x["worker"]["device_views_are_the_runners"] is True, x["worker"]
             said = json.dumps(x["xlkv_log"])
             assert "one KV head per tensor-parallel rank: each block's row (4 layers" in said, said[-2000:]
             assert "heads-outermost BHLNC rows, each registered as one region" in said, said[-2000:]  # its hash

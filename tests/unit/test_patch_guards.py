@@ -641,6 +641,16 @@ def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_pag
         assert seen["given"] is views
         sliceable, why = _state.heads_outermost(w2)
         assert sliceable is verdict[0] and (why is None if verdict[1] is None else verdict[1] in why), why
+    # pipeline parallel > 1 at one KV head per rank (issue 43 item 7): the family keeps the stock layout, so
+    # the views reach vLLM untouched even under a whole-row layout name (a plant dropping decision.cross_layer
+    # from the check hands them over)
+    pp2 = _model_cfg(heads=1)
+    pp2.parallel_config.pipeline_parallel_size = 2
+    w_pp = types.SimpleNamespace(**dict(vars(w), vllm_config=pp2))
+    w_pp.__dict__.pop(_state.HEADS_MARK, None)
+    page_contiguous.register_wrapper(lambda kv_caches: seen.update(given=kv_caches),
+                                     types.SimpleNamespace(connector_worker=w_pp), (kv,), {})
+    assert seen["given"] is kv and _state.heads_outermost(w_pp) == (False, None)
     # not a whole-row layout, or host buffer: vLLM's registration untouched, nothing marked
     for kw in (dict(kv_cache_layout="LBHNC"), dict(use_host_buffer=True)):
         w3 = types.SimpleNamespace(**dict(vars(w), **kw))

@@ -527,6 +527,7 @@ def worker_state(state):
             v = getattr(w, a)
             if isinstance(v, (int, float, str, bool, list, tuple)) or v is None:
                 out[a] = list(v) if isinstance(v, tuple) else v
+    out["device_views_are_the_runners"] = _device_views_are_the_runners(w, state.get("kv_caches"))
     sbd = getattr(w, "src_blocks_data", None)
     if isinstance(sbd, list):
         out["len_src_blocks_data"] = len(sbd)
@@ -535,6 +536,17 @@ def worker_state(state):
     if topo is not None:
         out["topology"] = _topology(topo)
     return out
+
+
+def _device_views_are_the_runners(w, kv_caches):
+    """Does the worker keep, as ``device_kv_caches`` (what its receive post-processing and block zeroing
+    read), the very views the model runner registered (shape, strides, data_ptr), not views a registration
+    wrapper handed it?  None where the worker keeps no such dict (0.12-0.28 cross-layer tensors)."""
+    kept = getattr(w, "device_kv_caches", None)
+    if not isinstance(kept, dict) or not isinstance(kv_caches, dict) or set(kept) != set(kv_caches):
+        return None
+    return all(getattr(kept[n], "shape", None) == kv_caches[n].shape and kept[n].stride() == kv_caches[n].stride()
+               and kept[n].data_ptr() == kv_caches[n].data_ptr() for n in kv_caches)
 
 
 def registered_per_block(w, sbd):
