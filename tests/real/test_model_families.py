@@ -255,6 +255,21 @@ def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env,
     _assert_bytes_exact(r, "mqa")
 
 
+def test_swa_with_a_nixl_only_multiconnector_on_one_side_packs_alike(vllm_env, tmp_path):
+    """Issue 43 item 4 (0.24-0.28): a prefill whose NixlConnector sits alone in a MultiConnector kept the
+    stock layout (WARNING) while a plain decode packed, and the pair was refused naming "a MultiConnector
+    with a connector that takes no cross-layer blocks"; stock vLLM serves it. Both sides now pack alike:
+    bytes exact, one region per block id."""
+    if not _packed_release(vllm_env):
+        pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
+    r = harness(vllm_env[1], tmp_path, "swa_multi", "--family", "swa", "--p-connector", "multi",
+                env={"ENABLE_XLKV": "true"})
+    _assert_bytes_exact(r, "swa")
+    assert r["num_regions"] == 1 and _groups_case(r)["xfer_descs_per_block"] == 1, (r["num_regions"],
+                                                                                   _groups_case(r))
+    assert "packed multi-group" not in json.dumps(r.get("warnings")), r.get("warnings")
+
+
 def test_swa_flag_on_packs_the_groups_as_vllms_own_opt_in(vllm_env, runs):
     """0.24-0.28 (issue 33 item 1): with ENABLE_XLKV=true the sliding-window and full-attention
     groups share vLLM's packed multi-group allocation, registered as 1 NIXL region: as many

@@ -693,10 +693,16 @@ def test_packed_predicate_packs_sliding_window_hybrids_only(release, monkeypatch
                 _planner_cfg(connector="LMCacheConnectorV1", hf=SWA_HF)):
         assert P.predicate_wrapper(no, None, (cfg, two), {}) is False
     assert _state.stock_reasons() == []
-    # a hybrid kept stock with the cause: an explicit opt-out, a MultiConnector, host-buffer mode
-    multi = dict(connectors=[{"kv_connector": "NixlConnector"}])
+    # a MultiConnector of NIXL connectors only: the same decision as a plain NixlConnector (issue 43 item 4)
+    nixl_only = dict(connectors=[{"kv_connector": "NixlConnector"}])
+    assert P.predicate_wrapper(no, None, (_planner_cfg(connector="MultiConnector", extra=nixl_only, hf=SWA_HF), two),
+                               {}) is True
+    # a hybrid kept stock with the cause: an explicit opt-out, a MultiConnector with another connector in it,
+    # host-buffer mode
+    multi = dict(connectors=[{"kv_connector": "NixlConnector"}, {"kv_connector": "LMCacheConnectorV1"}])
     for cfg, words in ((_planner_cfg(extra={"enable_cross_layers_blocks": "false"}, hf=SWA_HF), "=false"),
-                       (_planner_cfg(connector="MultiConnector", extra=multi, hf=SWA_HF), "MultiConnector"),
+                       (_planner_cfg(connector="MultiConnector", extra=multi, hf=SWA_HF),
+                        "a MultiConnector with LMCacheConnectorV1 beside its NixlConnector"),
                        (_planner_cfg(buffer="cpu", hf=SWA_HF), "host-buffer")):
         assert P.predicate_wrapper(no, None, (cfg, two), {}) is False
         assert words in _state.stock_reasons()[-1] and "sliding-window" in _state.stock_reasons()[-1]

@@ -20,6 +20,16 @@ def uses_nixl(kv_transfer_config):
     return False
 
 
+def other_connectors(kv_transfer_config):
+    """The connectors of a MultiConnector that are not NIXL connectors (sorted names; [] for a plain
+    connector or a MultiConnector of NIXL connectors only)."""
+    if getattr(kv_transfer_config, "kv_connector", None) != "MultiConnector":
+        return []
+    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+    children = [c.get("kv_connector") for c in extra.get("connectors", []) or [] if isinstance(c, dict)]
+    return sorted({str(c) for c in children} - set(NIXL_CONNECTORS))
+
+
 def spec_names(kv_cache_config):
     """(layer names, has_mamba, number of groups) from a KVCacheConfig, tolerant of None."""
     if kv_cache_config is None:

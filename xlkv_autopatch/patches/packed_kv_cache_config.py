@@ -14,11 +14,12 @@ Why
 How
     ``_use_packed_kv_cache_config(vllm_config, kv_cache_groups)`` is wrapped where the planner
     looks it up (its module global).  The original answers first; where it says no, ENABLE_XLKV
-    is on, the engine runs a plain NixlConnector, there is more than one KV cache group and the
+    is on, the engine runs NIXL connectors only (plain, or alone in a MultiConnector, so that both
+    sides of a pair decide alike), there is more than one KV cache group and the
     model's family decision (families.decide via _model.py) is the packed layout (a
     sliding-window hybrid), the answer is True (INFO line once).  An explicit
-    ``enable_cross_layers_blocks=false``, a MultiConnector (the packing changes every
-    connector's tensors) and host-buffer mode (vLLM's packed registration bypasses the host
+    ``enable_cross_layers_blocks=false``, a MultiConnector with another connector in it (the
+    packing changes every connector's tensors) and host-buffer mode (vLLM's packed registration bypasses the host
     buffer) keep the stock layout with one WARNING (XLKV_STRICT=1: an error).  On the worker,
     ``_register_packed_kv_cache`` is wrapped: where the family decision is the packed layout,
     the worker is marked cross-layer and packed (handshake.py then refuses another block size
@@ -40,7 +41,7 @@ from .. import families
 from ..logs import info_once
 from . import _model, _state
 from ._args import bind
-from ._config import uses_nixl
+from ._config import other_connectors, uses_nixl
 from ._fallback import fallback
 
 OPT_IN = "enable_cross_layers_blocks"
@@ -62,9 +63,10 @@ def exclusion(vllm_config):
     explicit = (getattr(kvt, "kv_connector_extra_config", None) or {}).get(OPT_IN)
     if explicit is not None and str(explicit).strip().lower() != "true":
         return "kv_connector_extra_config sets %s=%s" % (OPT_IN, explicit)
-    if getattr(kvt, "kv_connector", None) == "MultiConnector":
-        return ("a MultiConnector: vLLM's packed multi-group KV layout changes the KV tensors of every connector in "
-                "it, so xlkv turns it on for a plain NixlConnector only")
+    others = other_connectors(kvt)
+    if others:
+        return ("a MultiConnector with %s beside its NixlConnector: vLLM's packed multi-group KV layout changes the "
+                "KV tensors of every connector in it, so xlkv turns it on for NIXL connectors only" % ", ".join(others))
     device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
     if getattr(kvt, "kv_buffer_device", None) == "cpu" and device not in (None, "cpu"):
         return "host-buffer mode (kv_buffer_device=cpu): vLLM's packed multi-group registration bypasses the host buffer"
