@@ -324,3 +324,22 @@ def test_the_heterogeneous_tp_table_is_what_its_results_files_say(tmp_path, monk
     (tmp_path / "2026-11-26-hetero-tp-cpu-0.33.0.json").write_text(json.dumps(data))
     monkeypatch.setattr(rh, "FILES", str(tmp_path / "*-hetero-tp-cpu-*.json"))
     assert "| 1 → 2 | 1 | exact, 4 region(s), 4 | exact, 1 region(s), 1-4 |" in rh.render()
+
+
+def test_the_readme_ci_time_is_the_newest_measured_run():
+    """Issue 43 item 10: README's CI time comes from experiments/results/ci-times.json (the newest CI run),
+    not from prose of its own."""
+    data = json.load(open(os.path.join(ROOT, "experiments", "results", "ci-times.json")))
+    ci = [r for r in data["runs"] if r["where"] == "ci"]
+    newest = ci[-1]
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    want = "CI's run of %s took %d minutes (%d s)" % (newest["commit"], round(newest["seconds"] / 60), newest["seconds"])
+    assert want in readme, want
+    assert all(isinstance(r["seconds"], int) and r["source"] for r in data["runs"])
+
+
+def test_the_readme_float_step_is_the_files():
+    """Issue 43 item 10: the one-float32-step difference README quotes is the results file's."""
+    path = os.path.join(ROOT, "experiments", "results", "2026-11-26-equivalence-0.26.0-1xH100-mla-triton-v1-nc.json")
+    step = json.load(open(path))["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"]
+    assert "%.2e" % step == "4.77e-07" and ("MLA logprobs, %.2e" % step) in open(os.path.join(ROOT, "README.md")).read()
