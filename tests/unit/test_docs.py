@@ -343,3 +343,34 @@ def test_the_readme_float_step_is_the_files():
     path = os.path.join(ROOT, "experiments", "results", "2026-11-26-equivalence-0.26.0-1xH100-mla-triton-v1-nc.json")
     step = json.load(open(path))["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"]
     assert "%.2e" % step == "4.77e-07" and ("MLA logprobs, %.2e" % step) in open(os.path.join(ROOT, "README.md")).read()
+
+
+def test_the_readme_ttft_table_is_what_its_files_say():
+    """Issue 43 item 10: every millisecond figure and ratio of README's measurements table is a mean TTFT of
+    a cell of the row's linked results files (the .json beside each .md), or the repetition-weighted mean of
+    the same cell across them (a pooled row)."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = readme.split("## Measurements", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| 0.")]
+    assert len(rows) >= 5, table
+    for row in rows:
+        files = [os.path.join(ROOT, m[:-3] + ".json") for m in re.findall(r"\]\((experiments/results/[^)]+\.md)\)", row)]
+        assert files and all(os.path.exists(f) for f in files), row
+        cells = [c for f in files for c in json.load(open(f))["cells"]]
+        means = {round(c["mean_ttft_ms_mean"]) for c in cells}
+        pooled = {}
+        for c in cells:
+            key = (c["config"], c["num_prompts"], c["input_len"])
+            total, n = pooled.get(key, (0.0, 0))
+            pooled[key] = (total + c["mean_ttft_ms_mean"] * c["reps"], n + c["reps"])
+        means |= {round(total / n) for total, n in pooled.values()}
+        text = re.sub(r"\[[^\]]*\]\([^)]*\)", "", row)  # link texts and targets carry dates, not figures
+        figures = [int(x) for x in re.findall(r"(?<!× )\b(\d{3,5})(?= ms|, )", text)]
+        assert figures, row
+        for x in figures:
+            assert x in means, "README's %d ms (row %r) is no cell's mean in %s" % (x, row[:60], files)
+        for ratio in re.findall(r"(\d\.\d\d)×", text):
+            m = re.match(r"\| (0\.\d+)\.\d+, (?:(\d+) × (\d+))", row)
+            want = {c["config"]: c["mean_ttft_ms_mean"] for c in cells
+                    if (c["num_prompts"], c["input_len"]) == (int(m.group(2)), int(m.group(3)))}
+            assert "%.2f" % (want["stock"] / want["shim"]) == ratio, (row[:60], ratio)
