@@ -374,3 +374,20 @@ def test_the_readme_ttft_table_is_what_its_files_say():
             want = {c["config"]: c["mean_ttft_ms_mean"] for c in cells
                     if (c["num_prompts"], c["input_len"]) == (int(m.group(2)), int(m.group(3)))}
             assert "%.2f" % (want["stock"] / want["shim"]) == ratio, (row[:60], ratio)
+
+
+def test_every_results_file_the_docs_name_exists_and_a_pass_line_names_no_failed_file():
+    """Issue 43 item 10 (part): the docs cite results files by name; each must exist, and a line that says
+    PASS must not cite a summary whose own verdict ("pass") is false."""
+    cited = 0
+    for doc in ["README.md"] + ["docs/" + f for f in sorted(os.listdir(os.path.join(ROOT, "docs"))) if f.endswith(".md")]:
+        for n, line in enumerate(open(os.path.join(ROOT, doc), encoding="utf-8").read().splitlines(), 1):
+            for name in re.findall(r"(?:experiments/results/)?(20\d\d-\d\d-\d\d-[\w.,-]+\.json)", line):
+                path = os.path.join(ROOT, "experiments", "results", name)
+                assert os.path.exists(path), "%s:%d names %s, which is not in experiments/results" % (doc, n, name)
+                cited += 1
+                if "PASS" in line:
+                    verdict = json.load(open(path))
+                    assert not (isinstance(verdict, dict) and verdict.get("pass") is False), (
+                        "%s:%d says PASS and names %s, whose pass is false" % (doc, n, name))
+    assert cited > 20, cited
