@@ -335,6 +335,10 @@ def test_the_readme_ci_time_is_the_newest_measured_run():
     readme = open(os.path.join(ROOT, "README.md")).read()
     want = "CI's run of %s took %d minutes (%d s)" % (newest["commit"], round(newest["seconds"] / 60), newest["seconds"])
     assert want in readme, want
+    here = [r for r in data["runs"] if r["where"] == "here"][-1]
+    want = "%s took %d minutes (%d s: %s)" % (here["commit"], round(here["seconds"] / 60), here["seconds"],
+                                              here["pytest"].split(" in ")[0])
+    assert want in " ".join(readme.split()), want
     assert all(isinstance(r["seconds"], int) and r["source"] for r in data["runs"])
 
 
