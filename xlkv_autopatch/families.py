@@ -24,6 +24,8 @@ A family is a shape of KV cache, not a model name:
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from .layout import BLOCK_OUTERMOST_LAYOUT, HEADS_OUTERMOST_LAYOUT
+
 DENSE = "dense"
 ONE_KV_HEAD = "one-kv-head"
 SLIDING_WINDOW = "sliding-window"
@@ -83,22 +85,14 @@ def family(facts: ModelFacts) -> str:
     return DENSE
 
 
-#: vLLM >= 0.29 KV-cache layouts the shim requests (layout.py has their arithmetic): heads outermost
-#: inside each block row for every model whose KV heads are split over tensor-parallel ranks (a remote
-#: rank's head slice of a row is one range: heterogeneous TP at 1 descriptor per block per remote rank),
-#: token-major block-outermost rows for MLA (one latent "head", replicated on every rank)
-HEADS_OUTERMOST = "BHLNC"
-TOKEN_MAJOR_ROWS = "BLNHC"
-
-
 @dataclass(frozen=True)
 class ModelDecision:
     family: str
     #: the shim lays out (0.12-0.28) or requests (0.29+) the cross-layer / block-outermost layout
     cross_layer: bool
     reason: str
-    #: 0.29+: the KV-cache layout requested (HEADS_OUTERMOST or TOKEN_MAJOR_ROWS); None elsewhere
-    #: and for the stock layout
+    #: 0.29+: the KV-cache layout requested (layout.HEADS_OUTERMOST_LAYOUT where KV heads are split over
+    #: tensor-parallel ranks, layout.BLOCK_OUTERMOST_LAYOUT for MLA); None elsewhere and for the stock layout
     layout: Optional[str] = None
     #: 0.29+: xlkv has vLLM register each block's row as one region although a layer's page is
     #: contiguous on its own (one KV head per tensor-parallel rank: patches/page_contiguous.py)
@@ -155,7 +149,7 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
         return ModelDecision(fam, True, "%s: block-outermost %s, vLLM registers each block's packed latent row as "
                                         "one region: 1 descriptor per block (the latent cache is replicated on "
                                         "every tensor-parallel rank: any prefill/decode TP pairing reads one rank)"
-                             % (title, TOKEN_MAJOR_ROWS), layout=TOKEN_MAJOR_ROWS)
+                             % (title, BLOCK_OUTERMOST_LAYOUT), layout=BLOCK_OUTERMOST_LAYOUT)
     one_head = facts.kv_heads_per_rank == 1
     if one_head and facts.pp_size > 1:
         return ModelDecision(fam, False, "%s, one KV head per tensor-parallel rank, pipeline parallel size %d: keeps "
@@ -171,8 +165,8 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
         what += "; one KV head per tensor-parallel rank: xlkv has vLLM register each row as one region"
     return ModelDecision(fam, True, "%s: block-outermost %s with the KV heads outermost in each block row, %s; "
                                     "heterogeneous TP: 1 descriptor per block per remote rank (a remote rank's "
-                                    "heads are one range of the row)" % (title, HEADS_OUTERMOST, what),
-                         layout=HEADS_OUTERMOST, whole_rows=one_head)
+                                    "heads are one range of the row)" % (title, HEADS_OUTERMOST_LAYOUT, what),
+                         layout=HEADS_OUTERMOST_LAYOUT, whole_rows=one_head)
 
 
 def _sliding_window_before_layouts(facts: ModelFacts, title: str, packed_groups: bool) -> ModelDecision:

@@ -77,13 +77,19 @@ def explicit_layout_reason(env_layout: str) -> str:
 LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 
 
+def layout_name(value: str) -> str:
+    """The KV-cache layout a VLLM_KV_CACHE_LAYOUT value names (vLLM's aliases resolved)."""
+    value = value.strip().upper()
+    return LAYOUT_ALIASES.get(value, value)
+
+
 def explicit_layout(env_layout: Optional[str]) -> Optional[Decision]:
     """vLLM >= 0.29 with an explicit ``VLLM_KV_CACHE_LAYOUT``: vLLM never asks the connector, so the
     variable decides.  None where it is unset; else ``use``: the layout is one xlkv registers and
     tags (a whole-row one), with what the engine then runs in ``reason``."""
     if not env_layout or not env_layout.strip():
         return None
-    name = LAYOUT_ALIASES.get(env_layout.strip().upper(), env_layout.strip().upper())
+    name = layout_name(env_layout)
     why = explicit_layout_reason(env_layout)
     if name == HEADS_OUTERMOST_LAYOUT:
         return Decision(True, "%s: the layout xlkv requests for models whose KV heads are split over ranks" % why)

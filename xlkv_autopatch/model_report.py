@@ -51,8 +51,6 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
     """What a prefill/decode pair at these TP sizes gets: each side's decision (collect), whether the
     pair is served with ENABLE_XLKV on both, and the descriptors per block that each decode rank
     reads from each remote prefill rank (before NIXL merges neighbours)."""
-    from . import layout
-
     sides = {"prefill": collect(path, tp=prefill_tp, pp=pp, use_vllm=use_vllm),
              "decode": collect(path, tp=decode_tp, pp=pp, use_vllm=use_vllm)}
     out = {"prefill_tp": prefill_tp, "decode_tp": decode_tp, "sides": sides}
@@ -60,8 +58,9 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
         out["error"] = sides["prefill"].get("error") or sides["decode"].get("error")
         return out
     p, d = sides["prefill"], sides["decode"]
+    replicated = d["family"] in (families.MLA, families.SPARSE_MLA)
     sources, refused = layout.remote_sources(prefill_tp=prefill_tp, decode_tp=decode_tp, kv_heads=d["kv_heads"],
-                                             replicated=d["family"] in (families.MLA, families.SPARSE_MLA))
+                                             replicated=replicated)
     out["remote_ranks_per_decode_rank"] = sources
     stock = d["descriptors_per_block"]["stock"]
     if refused:
@@ -76,8 +75,7 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
     elif release.kv_cache_layouts:
         tp = layout.heterogeneous_tp_supported(
             cross_layer=True, blocks_first=False, tp_ratio=2, whole_row_layout=True,
-            heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT,
-            replicated=d["family"] in (families.MLA, families.SPARSE_MLA))
+            heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT, replicated=replicated)
         served, xlkv = tp.use, 1 if tp.use else None
         reason = tp.reason if tp.use else "the handshake is refused: %s" % tp.reason
     elif d["family"] == families.MLA:  # 0.26-0.28: one cross-layer latent tensor, replicated on every rank
@@ -146,12 +144,11 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
     decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
                                packed_groups=release.packed_groups,
                                mla_backends=release.mla_cross_layer_backends)
-    explicit = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT")) if release.kv_cache_layouts else None
+    env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
+    explicit = layout.explicit_layout(env_layout) if release.kv_cache_layouts else None
     if explicit is not None:  # vLLM reads it before asking the connector: it decides
-        name = layout.LAYOUT_ALIASES.get(os.environ["VLLM_KV_CACHE_LAYOUT"].strip().upper(),
-                                         os.environ["VLLM_KV_CACHE_LAYOUT"].strip().upper())
         decision = replace(decision, cross_layer=explicit.use and decision.cross_layer, reason=explicit.reason,
-                           layout=name)
+                           layout=layout.layout_name(env_layout))
     stock, xlkv = families.expected_descriptors(fam_facts, decision, kv_split=release.kv_split_regions)
     out.update({
         "source": source,

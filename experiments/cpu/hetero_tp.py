@@ -77,9 +77,9 @@ def main(argv=None):
     spec = importlib.util.spec_from_file_location("one_kv_head", os.path.join(HERE, "one_kv_head.py"))
     okh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(okh)
+    argv = sys.argv[1:] if argv is None else list(argv)
     rc = okh.main(argv, runs=runs, names=NAMES, script="experiments/cpu/hetero_tp.py", doc=__doc__)
-    out = argv[argv.index("--out") + 1] if argv and "--out" in argv else sys.argv[sys.argv.index("--out") + 1]
-    annotate(out)
+    annotate(argv[argv.index("--out") + 1])  # okh.main required --out
     return rc
 
 

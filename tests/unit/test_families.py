@@ -72,7 +72,7 @@ def test_decide(family_facts, layouts, cross, words):
     assert d.reason.startswith(FM.TITLES[d.family])
     # 0.29+: heads outermost wherever heads are split over ranks, token-major rows for MLA; whole-row
     # registration at one KV head per rank whatever the family (issue 43 item 2: a sliding-window hybrid too)
-    want = None if not (layouts and cross) else FM.TOKEN_MAJOR_ROWS if family_facts.use_mla else FM.HEADS_OUTERMOST
+    want = None if not (layouts and cross) else "BLNHC" if family_facts.use_mla else "BHLNC"
     assert d.layout == want
     assert d.whole_rows is bool(layouts and cross and not family_facts.use_mla and family_facts.kv_heads_per_rank == 1)
 

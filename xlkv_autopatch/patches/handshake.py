@@ -273,11 +273,12 @@ def _hetero_tp(instance, f, local_tp, remote_tp):
     """(can this cross-layer worker read a peer at ``remote_tp``, does vLLM slice heads-outermost rows
     for it: the gate's scope is needed)."""
     ratio = local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
+    replicated = bool(getattr(instance, "use_mla", False))  # MLA's latent cache: one remote rank, nothing sliced
     if f.kv_cache_layouts:
         sliceable, why_not = _state.heads_outermost(instance)
         decision = layout.heterogeneous_tp_supported(
             cross_layer=True, tp_ratio=ratio, blocks_first=False, whole_row_layout=True,
-            heads_outermost_rows=sliceable, replicated=bool(getattr(instance, "use_mla", False)))
+            heads_outermost_rows=sliceable, replicated=replicated)
         if why_not:
             decision = layout.Decision(False, "this engine's %s rows cannot be sliced by heads: %s"
                                        % (layout.HEADS_OUTERMOST_LAYOUT, why_not))
@@ -285,4 +286,4 @@ def _hetero_tp(instance, f, local_tp, remote_tp):
     heads_outermost = getattr(instance, "backend_name", "") == "FLASH_ATTN" and f.fa_heads_outermost
     return layout.heterogeneous_tp_supported(
         cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost, whole_row_layout=False,
-        packed_groups=_state.is_packed_groups(instance), replicated=bool(getattr(instance, "use_mla", False))), False
+        packed_groups=_state.is_packed_groups(instance), replicated=replicated), False
