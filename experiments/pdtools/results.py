@@ -10,7 +10,8 @@ import time
 from .kvmetrics import kv_summary
 
 CELL_KEY = ("config", "input_len", "output_len", "num_prompts", "state")
-PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "total_tok_s",
+PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+           "mean_tpot_ms", "median_tpot_ms", "total_tok_s",
            "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps",
            "proxy_prefill_ms", "proxy_decode_first_ms", "d_ttft_ms", "d_queue_ms", "d_prefill_ms")
 
@@ -38,7 +39,8 @@ def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, comman
         cell["mean_ttft_ms"].append(r.get("mean_ttft_ms"))
         cell["median_ttft_ms"].append(r.get("median_ttft_ms"))
         cell["p99_ttft_ms"].append(r.get("p99_ttft_ms"))
-        cell["mean_itl_ms"].append(r.get("mean_itl_ms"))
+        for k in ("mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_tpot_ms", "median_tpot_ms"):
+            cell[k].append(r.get(k))           # decode speed (issue 44 item 4)
         cell["total_tok_s"].append(r.get("total_token_throughput"))
         cell["completed"].append(r.get("completed"))
         cell["failed"].append(r.get("failed", (num_prompts - r["completed"]) if r.get("completed") is not None else None))
