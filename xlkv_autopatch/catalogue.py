@@ -32,8 +32,9 @@ MECHANISM_TEXT = {
         "(Model Runner V2 silently ignores cross-layer blocks)"),
     ("native", True, True): (
         "native opt-in + V1 runner + packed KV cache groups", "as above, plus `kv_cache_utils._use_packed_kv_cache_"
-        "config` → True for sliding-window hybrids with several KV cache groups (vLLM's packed multi-group "
-        "allocation, one region per block id; the hash tagged, heterogeneous TP refused)"),
+        "config` → True for sliding-window hybrids with several KV cache groups where `XLKV_EQUAL_TP=true` (vLLM's "
+        "packed multi-group allocation, one region per block id; the hash tagged, heterogeneous TP refused); without "
+        "the knob they keep the stock layout (INFO line) and any TP pairing is served"),
     ("layout", False): (
         "KV-cache layout", "`NixlConnector.get_required_kvcache_layout` → `BHLNC` (block outermost, KV heads "
         "outermost inside the row: one whole-row region per block, a rank's heads one range of it), `BLNHC` for MLA; "

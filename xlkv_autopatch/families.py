@@ -24,7 +24,7 @@ A family is a shape of KV cache, not a model name:
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from .layout import BLOCK_OUTERMOST_LAYOUT, HEADS_OUTERMOST_LAYOUT
+from .layout import BLOCK_OUTERMOST_LAYOUT, HEADS_OUTERMOST_LAYOUT, kept_for_any_tp
 
 DENSE = "dense"
 ONE_KV_HEAD = "one-kv-head"
@@ -97,6 +97,9 @@ class ModelDecision:
     #: 0.29+: xlkv has vLLM register each block's row as one region although a layer's page is
     #: contiguous on its own (one KV head per tensor-parallel rank: patches/page_contiguous.py)
     whole_rows: bool = False
+    #: the stock layout is kept by design, so that every prefill/decode TP pairing is served
+    #: (layout.kept_for_any_tp; XLKV_EQUAL_TP=true would take the cross-layer layout): an INFO line
+    for_any_tp: bool = False
 
     @property
     def title(self) -> str:
@@ -104,13 +107,15 @@ class ModelDecision:
 
 
 def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: bool = False,
-           mla_backends: Tuple[str, ...] = ()) -> ModelDecision:
+           mla_backends: Tuple[str, ...] = (), equal_tp: bool = False) -> ModelDecision:
     """What the shim does for this model.
 
     ``block_outermost_layouts``: the release chooses KV-cache layouts once per engine (vLLM
     0.29+, the ``layout`` mechanism); otherwise the shim lays out cross-layer blocks
     (0.12-0.28).  ``packed_groups``: the release has vLLM's packed multi-group KV allocation
-    (0.24-0.28), which the shim turns on for sliding-window hybrids.  ``mla_backends``: the MLA
+    (0.24-0.28), which the shim turns on for sliding-window hybrids where every peer runs this
+    engine's TP size (``equal_tp``: XLKV_EQUAL_TP; packed rows cannot be sliced by KV heads, so
+    without it they keep the stock layout and any TP pairing is served).  ``mla_backends``: the MLA
     attention backends whose cross-layer blocks xlkv turns on on this release (0.26-0.28; the
     patch checks the engine's backend against them).  Only the model's shape
     is decided here; the attention backend, host-buffer mode, the kernel block and the user's
@@ -138,7 +143,7 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
             return ModelDecision(fam, False, "%s: keeps the stock layout on this vLLM (cross-layer blocks here are "
                                              "allocated for FlashAttention-style K/V layers only)" % title)
         if fam == SLIDING_WINDOW:
-            return _sliding_window_before_layouts(facts, title, packed_groups)
+            return _sliding_window_before_layouts(facts, title, packed_groups, equal_tp)
         return ModelDecision(fam, True, "%s: one cross-layer KV tensor, 1 descriptor per block" % title)
     # vLLM >= 0.29: a block-outermost layout; what vLLM registers decides the gain
     if fam == MLA:
@@ -169,13 +174,19 @@ def decide(facts: ModelFacts, *, block_outermost_layouts: bool, packed_groups: b
                          layout=HEADS_OUTERMOST_LAYOUT, whole_rows=one_head)
 
 
-def _sliding_window_before_layouts(facts: ModelFacts, title: str, packed_groups: bool) -> ModelDecision:
+def _sliding_window_before_layouts(facts: ModelFacts, title: str, packed_groups: bool,
+                                   equal_tp: bool) -> ModelDecision:
     """vLLM 0.12-0.28, sliding-window + full attention: one cross-layer KV tensor where vLLM planned
     one KV cache group (its hybrid KV cache manager off), vLLM's packed multi-group allocation
-    where the release has it (0.24-0.28), else the stock layout."""
+    where the release has it (0.24-0.28) and every peer runs this TP size, else the stock layout."""
     if facts.kv_cache_groups == 1:
         return ModelDecision(SLIDING_WINDOW, True, "%s with one KV cache group (vLLM's hybrid KV cache manager is "
                                                    "off): one cross-layer KV tensor, 1 descriptor per block" % title)
+    if packed_groups and not equal_tp:
+        return ModelDecision(SLIDING_WINDOW, False, "%s with several KV cache groups: keeps the stock layout: %s" % (
+            title, kept_for_any_tp("vLLM's packed multi-group rows (every layer's page of every KV cache group one "
+                                   "after the other, as enable_cross_layers_blocks packs them) cannot be sliced by KV "
+                                   "heads")), for_any_tp=True)
     if packed_groups:
         return ModelDecision(SLIDING_WINDOW, True, "%s: vLLM's packed multi-group KV allocation (what its "
                                                    "enable_cross_layers_blocks opt-in turns on): each block id's "

@@ -9,6 +9,10 @@ XLKV_COALESCE  on       a cross-layer worker lists each NIXL transfer's descript
                         in ascending local block order (patches/transfer_order.py)
 XLKV_STRICT    off      a configuration that keeps the stock layout is an error, not a
                         WARNING
+XLKV_EQUAL_TP  off      every peer runs this engine's tensor-parallel size: vLLM 0.12-0.28
+                        keep cross-layer blocks that cannot be sliced by KV heads (a peer at
+                        another TP size is then refused); off, such an engine keeps the
+                        stock layout so that every TP pairing is served
 =============  =======  ==================================================================
 
 Each knob accepts 1/true/yes/on, 0/false/no/off (case-insensitive, blanks around ignored),
@@ -43,6 +47,9 @@ KNOBS = (
          "unset XLKV_COALESCE (default: on), or set XLKV_COALESCE=false to keep vLLM's descriptor order."),
     Knob("XLKV_STRICT", False, "a kept stock layout is an error instead of a WARNING",
          "set XLKV_STRICT=1 to make a kept stock layout an error, or unset it for a WARNING."),
+    Knob("XLKV_EQUAL_TP", False, "cross-layer blocks that serve equal TP sizes only (vLLM 0.12-0.28)",
+         "set XLKV_EQUAL_TP=true where every peer runs this engine's tensor-parallel size, or unset it so that "
+         "any prefill/decode TP pairing is served."),
 )
 _BY_NAME = {k.name: k for k in KNOBS}
 

@@ -263,6 +263,28 @@ def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_rati
     return Decision(True, "heads are outermost in a FlashAttention cross-layer block")
 
 
+#: the knob that keeps cross-layer blocks which cannot be sliced by KV heads (vLLM 0.12-0.28)
+EQUAL_TP_KNOB = "XLKV_EQUAL_TP"
+
+
+def sliced_by_heads(*, backend: str, fa_heads_outermost: bool) -> Optional[str]:
+    """vLLM 0.12-0.28: None where this attention backend's cross-layer block keeps the KV heads
+    outermost (FLASH_ATTN where the release's ``fa_heads`` column says so: a remote rank's heads
+    are one range of the block), else why a remote rank's heads are not one range of it."""
+    if backend == "FLASH_ATTN" and fa_heads_outermost:
+        return None
+    return ("%s's cross-layer blocks on this vLLM are blocks-first (K/V outside the KV heads), so a remote rank's "
+            "KV heads are not one range of a block" % backend)
+
+
+def kept_for_any_tp(why: str) -> str:
+    """The reason an engine keeps the stock layout although the flag is on: its cross-layer blocks
+    (``why`` they cannot be sliced by heads) would refuse a peer at another TP size, which stock serves."""
+    return ("every prefill/decode pair of tensor-parallel sizes is served this way (an engine cannot know its "
+            "peers' TP size at start-up): %s. Where every peer runs this engine's tensor-parallel size, %s=true "
+            "gives 1 descriptor per block (a peer at another TP size is then refused)" % (why, EQUAL_TP_KNOB))
+
+
 def heads_tile_row(*, heads: int, head_stride: int, page_offsets: Sequence[int], page_bytes: int,
                    row_bytes: int) -> Optional[str]:
     """Are the ``heads`` of a heads-outermost block row one equal run each, tiling the row exactly?

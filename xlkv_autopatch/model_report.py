@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import replace
 
-from . import facts, families, layout
+from . import facts, families, flag, layout
 
 #: model types whose layers include Mamba / linear attention (used only when vLLM cannot load
 #: the config: vLLM's own ``is_hybrid`` decides otherwise)
@@ -71,7 +71,9 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
         served, reason, xlkv = False, ("prefill gets %s, decode %s: the handshake is refused (%s / %s)" % (
             p["layout"], d["layout"], p["reason"], d["reason"])), None
     elif prefill_tp == decode_tp or not d["cross_layer"]:
-        served, reason, xlkv = True, "the same layout on both sides", d["descriptors_per_block"]["xlkv"]
+        served, xlkv = True, d["descriptors_per_block"]["xlkv"]
+        reason = "the same layout on both sides" if d["cross_layer"] else \
+            "both sides keep the stock layout: %s" % d["reason"]
     elif release.kv_cache_layouts:
         tp = layout.heterogeneous_tp_supported(
             cross_layer=True, blocks_first=False, tp_ratio=2, whole_row_layout=True,
@@ -81,16 +83,23 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
     elif d["family"] == families.MLA:  # 0.26-0.28: one cross-layer latent tensor, replicated on every rank
         tp = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=2, replicated=True)
         served, xlkv, reason = True, 1, tp.reason
-    else:
+    else:  # 0.12-0.28, cross-layer blocks: FLASH_ATTN's keep the heads outermost where the release says so
         fa = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=not release.fa_heads_outermost,
                                                tp_ratio=2, packed_groups=d["layout"] == "packed KV cache groups")
         served, xlkv = fa.use, 1 if fa.use else None
-        reason = ("with FLASH_ATTN: %s; other attention backends: the handshake is refused (cross-layer blocks of a "
-                  "blocks-first backend cannot be sliced by heads)" % fa.reason) if fa.use else (
-            "the handshake is refused: %s" % fa.reason)
+        others = ("the handshake is refused with %s=true (set on this pair); unset, they keep the stock layout and "
+                  "are served as stock" % layout.EQUAL_TP_KNOB) if _equal_tp() else "the stock layout, served as stock"
+        reason = ("with FLASH_ATTN: %s; other attention backends: %s" % (fa.reason, others)) if fa.use else (
+            "the handshake is refused: %s (%s=true is set; unset, this engine keeps the stock layout and the pair "
+            "is served as stock)" % (fa.reason, layout.EQUAL_TP_KNOB))
     out.update(served=served, reason=reason,
                descriptors_per_block_per_remote_rank={"stock": stock, "xlkv": xlkv})
     return out
+
+
+def _equal_tp():
+    """XLKV_EQUAL_TP as the engines would read it (an unrecognised value is status's own problem line)."""
+    return flag.knob_state(layout.EQUAL_TP_KNOB) == "on"
 
 
 def render_pair(info):
@@ -143,7 +152,16 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
                             "--no-disable-hybrid-kv-cache-manager they would not, and the stock layout is kept)")
     decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
                                packed_groups=release.packed_groups,
-                               mla_backends=release.mla_cross_layer_backends)
+                               mla_backends=release.mla_cross_layer_backends, equal_tp=_equal_tp())
+    if decision.cross_layer and not release.kv_cache_layouts and decision.family != families.MLA and \
+            not _equal_tp():
+        fa = layout.sliced_by_heads(backend="FLASH_ATTN", fa_heads_outermost=release.fa_heads_outermost)
+        if fa:  # 0.23-0.25: no backend's cross-layer block keeps the heads outermost
+            decision = replace(decision, cross_layer=False, for_any_tp=True, reason=layout.kept_for_any_tp(
+                "%s; so are every other backend's" % fa))
+        else:
+            out["notes"].append("with FLASH_ATTN; other attention backends (FLASHINFER, TRITON_ATTN) keep the stock "
+                                "layout: %s" % layout.kept_for_any_tp("their cross-layer blocks are blocks-first"))
     env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
     explicit = layout.explicit_layout(env_layout) if release.kv_cache_layouts else None
     if explicit is not None:  # vLLM reads it before asking the connector: it decides

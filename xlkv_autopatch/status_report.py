@@ -204,10 +204,14 @@ def runtime_refusals(f):
     refused_tp = [b for b in f.cross_layer_backends if not decisions[b].use]
     if refused_tp:
         allowed = [b for b in f.cross_layer_backends if b not in refused_tp]
-        out.append("heterogeneous TP (prefill and decode with different tensor-parallel sizes) with %s: the handshake "
-                   "is refused (%s)%s" % (
-                       "any backend" if not allowed else "/".join(refused_tp), decisions[refused_tp[0]].reason,
-                       "; %s is served (%s)" % ("/".join(allowed), decisions[allowed[0]].reason) if allowed else ""))
+        out.append("heterogeneous TP (prefill and decode with different tensor-parallel sizes) with %s and "
+                   "%s=true: the handshake is refused (%s); without %s (the default) such an engine keeps the stock "
+                   "layout, says so in one INFO line, and every pairing is served as stock serves it%s" % (
+                       "any backend" if not allowed else "/".join(refused_tp), layout.EQUAL_TP_KNOB,
+                       decisions[refused_tp[0]].reason, layout.EQUAL_TP_KNOB,
+                       "; %s keeps cross-layer blocks and is served (%s)" % ("/".join(allowed),
+                                                                            decisions[allowed[0]].reason)
+                       if allowed else ""))
     if f.kv_cache_layouts:
         out.append("heterogeneous TP where this engine's %s block rows are padded, or its KV cache groups hold "
                    "different layer counts (its heads then do not tile each row; an INFO line at start-up says so): "
@@ -215,8 +219,9 @@ def runtime_refusals(f):
                    "KV heads, with or without xlkv" % layout.HEADS_OUTERMOST_LAYOUT)
     if f.packed_groups:
         packed = layout.heterogeneous_tp_supported(cross_layer=True, tp_ratio=2, blocks_first=True, packed_groups=True)
-        out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups, packed by "
-                   "xlkv): the handshake is refused (%s)" % packed.reason)
+        out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups) packed by "
+                   "xlkv, which it does only with %s=true: the handshake is refused (%s); without it the hybrid keeps "
+                   "the stock layout and every pairing is served" % (layout.EQUAL_TP_KNOB, packed.reason))
     if f.budget_block_count and f.kv_cache_layouts:
         out.append("KV tensors holding more blocks than the scheduler's budget (an over-allocating allocator such as "
                    "kvcached): registration with NIXL is refused at start-up")

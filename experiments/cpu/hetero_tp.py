@@ -13,7 +13,9 @@ Pairings (KV heads of the dense model: 4 unless named): 1->2, 2->1, 1->4, 4->2 (
 2->1 at 2 KV heads (one KV head per rank on the wider side: page_contiguous.py's whole rows against
 a two-head row), the gpt-oss-shaped sliding-window hybrid 1->2 and 2->2 (2 KV heads, several KV cache
 groups; 2->2 is one KV head per rank on both sides, issue 43 item 2)
-and the MLA model 1->2 (its latent cache replicated on every rank).  MQA (one KV head) does not run
+and the MLA model 1->2 (its latent cache replicated on every rank); the dense model on TRITON_ATTN 1->2 (a
+blocks-first backend: 0.20-0.28 keep the stock layout for it); ``equal_`` runs: the flag and XLKV_EQUAL_TP=true
+(issue 44 item 3: cross-layer blocks that cannot be sliced by KV heads are kept, and the pair is refused).  MQA (one KV head) does not run
 on the harness at TP > 1 (it splits KV heads over ranks).  Stdlib only; one harness at a time.
 """
 import importlib.util
@@ -35,19 +37,29 @@ PAIRINGS = {
     "swa_1to2": ("swa", None, 1, 2),
     "swa_2to2": ("swa", None, 2, 2),
     "mla_1to2": ("mla", None, 1, 2),
+    # issue 44 item 3: a blocks-first backend (cross-layer blocks cannot be sliced by KV heads; 0.20-0.28)
+    "triton4_1to2": ("dense", 4, 1, 2, "TRITON_ATTN"),
 }
-NAMES = tuple("%s_%s" % (config, name) for name in PAIRINGS for config in ("stock", "xlkv"))
+#: the pairings also run with XLKV_EQUAL_TP=true (the ``equal_`` runs): where xlkv keeps the stock layout
+#: so that every TP pairing is served, the knob keeps the cross-layer blocks and the pair is refused
+EQUAL_TP = ("swa_1to2", "triton4_1to2", "dense4_1to2")
+NAMES = tuple("%s_%s" % (config, name) for name in PAIRINGS for config in ("stock", "xlkv", "equal")
+              if config != "equal" or name in EQUAL_TP)
 
 
 def runs(version):
     """name -> (harness arguments, environment); the same on every release."""
     out = {}
-    for name, (family, heads, p_tp, d_tp) in PAIRINGS.items():
+    for name, (family, heads, p_tp, d_tp, *backend) in PAIRINGS.items():
         args = ["--family", family, "--p-tp", str(p_tp), "--d-tp", str(d_tp)]
         if heads:
             args += ["--kv-heads", str(heads)]
+        if backend:
+            args += ["--attn-backend", backend[0]]
         out["stock_" + name] = (args, {})
         out["xlkv_" + name] = (args, XLKV)
+        if name in EQUAL_TP:
+            out["equal_" + name] = (args, dict(XLKV, XLKV_EQUAL_TP="true"))
     return out
 
 
@@ -59,9 +71,10 @@ def annotate(path):
     with open(path) as f:
         res = json.load(f)
     for name, r in res["runs"].items():
-        family, heads, p_tp, d_tp = PAIRINGS[name.split("_", 1)[1]]
+        family, heads, p_tp, d_tp, *backend = PAIRINGS[name.split("_", 1)[1]]
         sources = 1 if family == "mla" or d_tp >= p_tp else p_tp // d_tp
-        r.update(family=family, kv_heads=heads, prefill_tp=p_tp, decode_tp=d_tp, remote_ranks_per_decode_rank=sources)
+        r.update(family=family, kv_heads=heads, prefill_tp=p_tp, decode_tp=d_tp, remote_ranks_per_decode_rank=sources,
+                 attn_backend=backend[0] if backend else "FLASH_ATTN")
         for case in (r.get("cases") or {}).values():
             ranks = case.get("ranks") or [case]
             per = [x.get("xfer_descs_per_block") for x in ranks]

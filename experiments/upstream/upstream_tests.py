@@ -22,7 +22,7 @@ and a shim that patches their code must pass them.  For one release:
                                                        writes "differ" into R.json; exit 1 when a
                                                        difference is not in INTENDED
   upstream_tests.py merge R.json PART.json ...         modes run side by side (or resumed) -> one file
-  upstream_tests.py table                              the README's table of experiments/results/upstream-tests-*
+  upstream_tests.py table                              docs/support-matrix.md's table of experiments/results/upstream-tests-*
   upstream_tests.py pin-cpu RELEASE --python PY        the ids that pass stock on this CPU machine
                                                        -> cpu-passing.json (what CI runs)
 
@@ -369,14 +369,14 @@ def merge(out, parts):
     _write(out, result)
 
 
-# --------------------------------------------------------------------------- README table
+# --------------------------------------------------------------------------- docs/support-matrix.md table
 
 RESULTS = os.path.join(ROOT, "experiments", "results")
 TABLE_START, TABLE_END = "<!-- upstream:start -->", "<!-- upstream:end -->"
 
 
 def table(results_dir=RESULTS):
-    """The README's table of every upstream-tests-*.json result: per release and place, the
+    """docs/support-matrix.md's table of every upstream-tests-*.json result: per release and place, the
     tests run, passed stock and with the flag on, and the differences (explained or not)."""
     rows = []
     for path in sorted(glob.glob(os.path.join(results_dir, "upstream-tests-*.json"))):
@@ -386,7 +386,7 @@ def table(results_dir=RESULTS):
             continue
         differ = differences(r)
         key = tuple(int(x) for x in r["release"].split(".")), r["where"] != "cpu", r["where"]
-        rows.append((key, "| %s | %s | %d | %d | %d | %s | [%s](experiments/results/%s) |" % (
+        rows.append((key, "| %s | %s | %d | %d | %d | %s | [%s](../experiments/results/%s) |" % (
             r["release"], "CPU (pinned ids)" if r["where"] == "cpu" else r["where"], len(modes["stock"]["outcomes"]),
             modes["stock"]["passed"], modes["on"]["passed"],
             "%d (%d unexplained)" % (len(differ), len([d for d in differ if not d["reason"]])) if differ else "0",
@@ -441,7 +441,7 @@ def main(argv=None):
     r.add_argument("--pytest-args", default="", help="more pytest arguments, one string (e.g. \"-k hisparse\")")
     c = sub.add_parser("compare")
     c.add_argument("result")
-    sub.add_parser("table", help="the README's table of the result files")
+    sub.add_parser("table", help="docs/support-matrix.md's table of the result files")
     mg = sub.add_parser("merge")
     mg.add_argument("out")
     mg.add_argument("parts", nargs="+")

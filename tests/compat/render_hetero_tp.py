@@ -55,20 +55,23 @@ def rows():
                 pairings.append(key)
         for key in pairings:
             stock, xlkv = res["runs"].get("stock_" + key), res["runs"].get("xlkv_" + key)
-            any_run = stock or xlkv
+            equal = res["runs"].get("equal_" + key)
+            any_run = stock or xlkv or equal
             model = MODELS[any_run["family"]] % (any_run.get("kv_heads"),) if "%s" in MODELS[any_run["family"]] \
                 else MODELS[any_run["family"]]
-            out.append("| %s | %s | %d → %d | %d | %s | %s | [%s](../experiments/results/%s) |" % (
-                res["vllm"], model, any_run["prefill_tp"], any_run["decode_tp"],
-                any_run["remote_ranks_per_decode_rank"], _cell(stock), _cell(xlkv), os.path.basename(path)[:-5],
-                os.path.basename(path)))
+            backend = any_run.get("attn_backend") or "FLASH_ATTN"
+            out.append("| %s | %s%s | %d → %d | %d | %s | %s | %s | [%s](../experiments/results/%s) |" % (
+                res["vllm"], model, "" if backend == "FLASH_ATTN" else ", %s" % backend, any_run["prefill_tp"],
+                any_run["decode_tp"], any_run["remote_ranks_per_decode_rank"], _cell(stock), _cell(xlkv),
+                "–" if equal is None else _cell(equal), os.path.basename(path)[:-5], os.path.basename(path)))
     return out
 
 
 def render():
     head = ["| vLLM | model (4 layers) | prefill TP → decode TP | prefill ranks per decode rank | stock: bytes, D's "
-            "regions, descriptors per block per remote rank | xlkv (`ENABLE_XLKV=true` on both) | file |",
-            "|---|---|---|---|---|---|---|"]
+            "regions, descriptors per block per remote rank | xlkv (`ENABLE_XLKV=true` on both) | xlkv with "
+            "`XLKV_EQUAL_TP=true` | file |",
+            "|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + rows())
 
 

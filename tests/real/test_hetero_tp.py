@@ -3,7 +3,7 @@ TP 2 (two worker ranks in a gloo group, one NIXL agent each; the model's 2 KV he
 decode rank one head), and the parent checks that every decode rank received exactly its
 heads' slice of every layer and block.
 
-The rule under test (README "How it works", xlkv_autopatch/patches/handshake.py), ENABLE_XLKV
+The rule under test (docs/safety.md, xlkv_autopatch/patches/handshake.py), ENABLE_XLKV
 on both sides, FLASH_ATTN: prefill TP 1 -> decode TP 2 is allowed where a cross-layer block
 keeps heads outermost (0.12-0.22, 0.26-0.28, and 0.29+ with xlkv's BHLNC rows: issue 44) and
 must then arrive byte for byte with one descriptor per block per remote rank; it is refused at
@@ -20,7 +20,9 @@ XLKV = {"ENABLE_XLKV": "true"}
 
 
 def hetero_tp_allowed(release):
-    """Where xlkv lets prefill TP 1 -> decode TP 2 through with FLASH_ATTN cross-layer blocks."""
+    """Where FLASH_ATTN's cross-layer blocks keep the KV heads outermost, so xlkv serves prefill TP 1 ->
+    decode TP 2 with them; elsewhere (0.23-0.25) the engine keeps the stock layout and serves it as stock
+    (issue 44 item 3; XLKV_EQUAL_TP=true would keep the blocks and refuse the pair)."""
     return (0, 12) <= release < (0, 23) or (0, 26) <= release
 
 
@@ -88,13 +90,54 @@ def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
                 assert (x["worker"].get("kv_cache_layout"), x["worker"].get("num_regions")) == ("BHLNC", 1), x
                 assert "the KV heads outermost in each row" in json.dumps(x["xlkv_log"]), x["xlkv_log"]
         return
-    # refused at handshake, before any byte moves, with xlkv's cause
+    _assert_kept_stock_and_served(r, 1, 2, "FLASH_ATTN")
+
+
+def _assert_kept_stock_and_served(r, p_tp, d_tp, backend, kv_heads=2):
+    """Issue 44 item 3: the flag on, cross-layer blocks that cannot be sliced by KV heads: each side keeps
+    the stock layout, says why in one INFO line naming XLKV_EQUAL_TP, and the pair moves exact bytes."""
+    _assert_exact(r, p_tp, d_tp, kv_heads=kv_heads)
+    assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    said = [line for line in r["_log"].splitlines() if "XLKV_EQUAL_TP=true gives 1 descriptor per block" in line]
+    assert said and all("INFO " in line and "WARNING" not in line and backend in line for line in said), said or r["_log"][-3000:]
+
+
+def _assert_refused_naming_equal_tp(r, p_tp, d_tp, words):
     assert r["transfer_verified"] is False
-    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
-    assert "xlkv_autopatch: NIXL handshake refused: prefill TP 1, decode TP 2" in text, text[-3000:]
-    assert "heterogeneous TP" in text, text[-3000:]
+    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()]) + r["_log"]
+    assert "xlkv_autopatch: NIXL handshake refused: prefill TP %d, decode TP %d" % (p_tp, d_tp) in text, text[-3000:]
+    assert words in text and "Fix: unset XLKV_EQUAL_TP on both engines" in text, text[-3000:]
     for case in r["cases"].values():
         assert not case["ok"] and not case.get("xfer_descs"), case
+
+
+def test_blocks_first_backend_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_env, tmp_path):
+    """Issue 44 item 3: TRITON_ATTN's cross-layer blocks (0.20-0.28) are blocks-first, so a remote rank's
+    heads are not one range of a block.  With the flag the engine keeps the stock layout (INFO line) and
+    serves TP 1 -> 2 exactly, as stock does; with XLKV_EQUAL_TP=true it keeps the cross-layer blocks and the
+    handshake refuses the pair, naming the knob.  Fails if the shim takes cross-layer blocks there by
+    default (the handshake then refuses a pairing stock serves)."""
+    rel = release_of(vllm_env)
+    if not (0, 20) <= rel < (0, 29):
+        pytest.skip("TRITON_ATTN is in upstream's cross-layer guard on 0.20-0.28 (0.29+: layouts, any backend)")
+    args = ("--attn-backend", "TRITON_ATTN", "--d-tp", "2", "--case", "noncontig", "--case", "partial")
+    r = harness(vllm_env[1], tmp_path, "triton_1to2", *args, env=XLKV, step_timeout=60)
+    assert r["backend"] == "TRITON_ATTN", r["backend"]
+    _assert_exact_cases(r, 2)
+    assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    said = [line for line in r["_log"].splitlines() if "XLKV_EQUAL_TP=true gives 1 descriptor per block" in line]
+    assert said and all("INFO " in line and "WARNING" not in line and "TRITON_ATTN" in line for line in said), said or r["_log"][-3000:]
+    equal = harness(vllm_env[1], tmp_path, "triton_1to2_equal", *args, env=dict(XLKV, XLKV_EQUAL_TP="true"),
+                    step_timeout=60)
+    assert all(x["cross_layer"] is True for x in equal["d_ranks"] + equal["p_ranks"]), equal["d_ranks"]
+    _assert_refused_naming_equal_tp(equal, 1, 2, "blocks-first backend")
+
+
+def _assert_exact_cases(r, d_tp):
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    for name, case in r["cases"].items():
+        assert case["ok"] and case["bytes_ok"], (name, case)
+        assert len(case["ranks"]) == d_tp and all(x["bytes_ok"] for x in case["ranks"]), (name, case)
 
 
 def test_xlkv_tp2_to_tp1_follows_the_release_rule(vllm_env, tmp_path):
@@ -109,12 +152,7 @@ def test_xlkv_tp2_to_tp1_follows_the_release_rule(vllm_env, tmp_path):
             # one descriptor per prefill rank (its head of the block), per block
             assert case["xfer_descs_per_block"] == 2, (name, case)
         return
-    assert r["transfer_verified"] is False
-    text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()])
-    assert "xlkv_autopatch: NIXL handshake refused: prefill TP 2, decode TP 1" in text, text[-3000:]
-    assert "heterogeneous TP" in text, text[-3000:]
-    for case in r["cases"].values():
-        assert not case["ok"] and not case.get("xfer_descs"), case
+    _assert_kept_stock_and_served(r, 2, 1, "FLASH_ATTN", kv_heads=4)
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +251,7 @@ def test_xlkv_sliding_window_hybrid_tp1_to_tp2_one_kv_head_per_decode_rank(vllm_
     gpt-oss-shaped hybrid (2 KV heads, several KV cache groups) with the flag, bytes exact on both decode
     ranks, one region per block id on every rank, 1 descriptor per block id per remote rank."""
     if release_of(vllm_env) < (0, 29):
-        pytest.skip("0.24-0.28 pack several KV cache groups into rows that cannot be sliced by heads (refused); "
-                    "0.12-0.23 plan one group or keep the stock layout")
+        pytest.skip("0.24-0.28: the test below; 0.12-0.23 plan one group or keep the stock layout")
     r = harness(vllm_env[1], tmp_path, "swa_1to2", "--family", "swa", "--d-tp", "2", env=XLKV, step_timeout=60)
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
     assert _vllm_ranks(r["d_ranks"]) == [(0, 2), (1, 2)]
@@ -228,3 +265,24 @@ def test_xlkv_sliding_window_hybrid_tp1_to_tp2_one_kv_head_per_decode_rank(vllm_
     for name, case in r["cases"].items():
         assert case["ok"] and case["bytes_ok"], (name, case)
         assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
+
+
+def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_env, tmp_path):
+    """Issue 44 item 3, 0.24-0.28: vLLM's packed multi-group rows (every layer's page of every KV cache
+    group one after the other) cannot be sliced by KV heads.  With the flag the hybrid keeps the stock
+    layout (INFO line) and TP 1 -> 2 moves exact bytes on both decode ranks, as stock; with
+    XLKV_EQUAL_TP=true xlkv packs the groups and the handshake refuses the pair, naming the knob."""
+    if not (0, 24) <= release_of(vllm_env) < (0, 29):
+        pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
+    args = ("--family", "swa", "--d-tp", "2")  # the family's own case: blocks of every KV cache group
+    r = harness(vllm_env[1], tmp_path, "swa_1to2", *args, env=XLKV, step_timeout=60)
+    _assert_exact_cases(r, 2)
+    assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    assert r["num_regions"] > 1, r["num_regions"]  # stock: one region per shared layer tensor
+    said = [line for line in r["_log"].splitlines() if "XLKV_EQUAL_TP=true gives 1 descriptor per block" in line]
+    assert said and all("INFO " in line and "WARNING" not in line and "packed multi-group rows" in line for line in said), \
+        said or r["_log"][-3000:]
+    equal = harness(vllm_env[1], tmp_path, "swa_1to2_equal", *args, env=dict(XLKV, XLKV_EQUAL_TP="true"),
+                    step_timeout=60)
+    assert equal["num_regions"] == 1, equal["num_regions"]  # packed: one row per block id
+    _assert_refused_naming_equal_tp(equal, 1, 2, "packed multi-group KV layout")

@@ -15,7 +15,8 @@ mqa xlkv run's first request is the mixed pair, a prefill on vLLM's own BLNHC, r
 harness run per family and config (a single request carrying every group's block ids): on 0.29+
 releases (CI's time), 8 runs per release (native for mla and swa) and 1 (the planted fault) on the
 newest selected.
-On 0.24-0.28 (issue 33 item 1) the swa family only, stock and xlkv (2 runs): the flag packs the
+On 0.24-0.28 (issue 33 item 1) the swa family only, stock and xlkv (2 runs; xlkv with XLKV_EQUAL_TP=true,
+which packing needs since shim 0.8.0): the flag packs the
 sliding-window and full-attention groups as vLLM's own opt-in (enable_cross_layers_blocks) does,
 1 descriptor per block id, the figure vLLM's opt-in registered in the results file of the release
 (NATIVE_FIGURES; measured once, not in CI), and D's compatibility hash is tagged.
@@ -43,6 +44,11 @@ PACKED = ((0, 24), (0, 29))
 #: descriptors per block id vLLM's own opt-in registered for the swa family, by release: measured
 #: once (families_matrix.py --config native), read from the results file, not re-run in CI
 NATIVE_FIGURES = {"0.26.0": "experiments/results/2026-11-25-families-cpu-0.26.0.json"}
+
+
+#: 0.24-0.28: the flag packs a sliding-window hybrid's KV cache groups only with XLKV_EQUAL_TP=true (packed rows
+#: cannot be sliced by KV heads; without it the hybrid keeps the stock layout: tests/real/test_hetero_tp.py)
+EQUAL_TP = {"XLKV_EQUAL_TP": "true"}
 
 
 #: the mqa xlkv run's first request goes to a second prefill on vLLM's own BLNHC without the flag
@@ -93,6 +99,8 @@ def runs(vllm_env, tmp_path_factory):
                 args = args + MIXED_PAIR
             if key == ("mla", "xlkv") and release_of(vllm_env) < (0, 29):
                 args = args + MLA_MIXED_PAIR
+            if key == ("swa", "xlkv") and _packed_release(vllm_env):
+                env = dict(env, **EQUAL_TP)  # packed only where every peer runs this TP size (shim 0.8.0)
             cache[key] = harness(vllm_env[1], tmp_path_factory.mktemp("%s-%s" % (family, config)),
                                  "%s-%s" % (family, config), "--family", family, "--case", "groups",
                                  *args, *extra, env=env)
@@ -263,7 +271,7 @@ def test_swa_with_a_nixl_only_multiconnector_on_one_side_packs_alike(vllm_env, t
     if not _packed_release(vllm_env):
         pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
     r = harness(vllm_env[1], tmp_path, "swa_multi", "--family", "swa", "--p-connector", "multi",
-                env={"ENABLE_XLKV": "true"})
+                env=dict({"ENABLE_XLKV": "true"}, **EQUAL_TP))
     _assert_bytes_exact(r, "swa")
     assert r["num_regions"] == 1 and _groups_case(r)["xfer_descs_per_block"] == 1, (r["num_regions"],
                                                                                    _groups_case(r))

@@ -225,17 +225,17 @@ def test_the_gpu_column_check_catches_descriptor_counts_its_file_contradicts():
 
 
 def test_upstream_tests_table_matches_the_result_files():
-    """README's table of vLLM's own NIXL tests is the rendering of experiments/results/upstream-tests-*.json."""
+    """docs/support-matrix.md's table of vLLM's own NIXL tests is the rendering of experiments/results/upstream-tests-*.json."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "upstream_tests", os.path.join(ROOT, "experiments", "upstream", "upstream_tests.py"))
     upstream = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(upstream)
-    readme = open(os.path.join(ROOT, "README.md")).read()
+    readme = open(os.path.join(ROOT, "docs", "support-matrix.md")).read()
     start, end = readme.index(upstream.TABLE_START), readme.index(upstream.TABLE_END)
     assert readme[start + len(upstream.TABLE_START):end].strip() == upstream.table(), (
-        "README's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
+        "docs/support-matrix.md's vLLM-own-tests table is stale: python3 experiments/upstream/upstream_tests.py table")
 
 
 def test_upstream_cpu_rows_count_the_ids_ci_runs():
@@ -346,7 +346,8 @@ def test_the_readme_float_step_is_the_files():
     """Issue 43 item 10: the one-float32-step difference README quotes is the results file's."""
     path = os.path.join(ROOT, "experiments", "results", "2026-11-26-equivalence-0.26.0-1xH100-mla-triton-v1-nc.json")
     step = json.load(open(path))["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"]
-    assert "%.2e" % step == "4.77e-07" and ("MLA logprobs, %.2e" % step) in open(os.path.join(ROOT, "README.md")).read()
+    assert "%.2e" % step == "4.77e-07" and ("MLA logprobs, %.2e" % step) in " ".join(open(
+        os.path.join(ROOT, "docs", "measurements.md")).read().split())
 
 
 def test_the_readme_ttft_table_is_what_its_files_say():
@@ -395,3 +396,34 @@ def test_every_results_file_the_docs_name_exists_and_a_pass_line_names_no_failed
                     assert not (isinstance(verdict, dict) and verdict.get("pass") is False), (
                         "%s:%d says PASS and names %s, whose pass is false" % (doc, n, name))
     assert cited > 20, cited
+
+
+def test_the_one_group_hybrid_figure_is_the_files():
+    """Issue 43 item 10: "12 → 1" (a sliding-window hybrid planned as one KV cache group on 0.14.1 and
+    0.21.0) in docs/support-matrix.md's prose is the descriptors per block of those families files."""
+    seen = set()
+    for release in ("0.14.1", "0.21.0"):
+        runs = json.load(open(os.path.join(ROOT, "experiments", "results",
+                                           "2026-11-26-families-cpu-%s.json" % release)))["runs"]["swa"]
+        assert runs["stock"]["transfer_verified"] and runs["xlkv"]["transfer_verified"], release
+        seen.add("%d → %d" % (runs["stock"]["descs_per_block"], runs["xlkv"]["descs_per_block"]))
+    assert seen == {"12 → 1"}, seen
+    text = " ".join(open(os.path.join(ROOT, "docs", "support-matrix.md"), encoding="utf-8").read().split())
+    assert "measured on 0.14.1 and 0.21.0: 12 → 1" in text
+
+
+def test_the_readme_is_short_and_its_opening_gain_is_the_tables():
+    """Issue 42 item 4: README ≤ 160 lines, the gain in its first paragraph, and that gain is the range of
+    the bold (64 × 10240) ratios of its measurements table, which the test above ties to the files."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert len(readme.splitlines()) <= 160, len(readme.splitlines())
+    opening = " ".join(readme.split("\n\n", 2)[1].split())
+    table = readme.split("## Measurements", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    bold = sorted(float(x) for x in re.findall(r"\*\*(\d\.\d\d)×\*\*", table))
+    assert "mean TTFT %.2f–%.2f× lower than stock at 64 × 10240-token prompts" % (bold[0], bold[-1]) in opening, \
+        (bold, opening)
+    for heading in ("## Quick start", "## What each model gets", "## Requirements", "## When it refuses",
+                    "## Set-up commands", "## Measurements"):
+        assert heading in readme, heading
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "status --model" in quick and "any P/D router works" in " ".join(quick.split())

@@ -85,9 +85,18 @@ def test_decide(family_facts, layouts, cross, words):
     (GPT_OSS, 1, True, "one cross-layer KV tensor"),  # hybrid KV cache manager off: the dense path
 ])
 def test_sliding_window_hybrids_pack_their_groups_where_the_release_can(cfg, groups, cross, words):
-    d = FM.decide(replace(facts(cfg), kv_cache_groups=groups), block_outermost_layouts=False, packed_groups=True)
-    assert (d.family, d.cross_layer) == (FM.SLIDING_WINDOW, cross)
+    d = FM.decide(replace(facts(cfg), kv_cache_groups=groups), block_outermost_layouts=False, packed_groups=True,
+                  equal_tp=True)
+    assert (d.family, d.cross_layer, d.for_any_tp) == (FM.SLIDING_WINDOW, cross, False)
     assert words in d.reason and d.reason.startswith(FM.TITLES[FM.SLIDING_WINDOW])
+    # without XLKV_EQUAL_TP packed rows keep the stock layout (they cannot be sliced by KV heads), by design:
+    # every TP pairing is served; one cross-layer tensor (one group, FLASH_ATTN decides in the patch) stays
+    default = FM.decide(replace(facts(cfg), kv_cache_groups=groups), block_outermost_layouts=False,
+                        packed_groups=True)
+    packed = words == "packed multi-group"
+    assert (default.cross_layer, default.for_any_tp) == (not packed, packed)
+    if packed:
+        assert "XLKV_EQUAL_TP=true" in default.reason and "cannot be sliced by KV heads" in default.reason
     # the same model on a release without the packed allocation: stock with the family named (or the one tensor)
     before = FM.decide(replace(facts(cfg), kv_cache_groups=groups), block_outermost_layouts=False)
     assert before.cross_layer is (groups == 1)
@@ -130,12 +139,15 @@ def test_packed_groups_change_only_sliding_window_hybrids():
 def test_expected_descriptors_of_packed_groups():
     # gpt-oss-120b on 0.26: 18 per block id stock (K/V in one page), 1 packed; 0.21: stock with the shim too
     g = facts(GPT_OSS)
-    packed = FM.decide(g, block_outermost_layouts=False, packed_groups=True)
+    packed = FM.decide(g, block_outermost_layouts=False, packed_groups=True, equal_tp=True)
     assert FM.expected_descriptors(g, packed, kv_split=False) == (18, 1)
+    # without XLKV_EQUAL_TP: stock, so that any TP pairing is served
+    assert FM.expected_descriptors(g, FM.decide(g, block_outermost_layouts=False, packed_groups=True),
+                                   kv_split=False) == (18, 18)
     assert FM.expected_descriptors(g, FM.decide(g, block_outermost_layouts=False), kv_split=True) == (36, 36)
     gemma = facts(GEMMA3_27B)
-    assert FM.expected_descriptors(gemma, FM.decide(gemma, block_outermost_layouts=False, packed_groups=True),
-                                   kv_split=False) == (10, 1)
+    assert FM.expected_descriptors(gemma, FM.decide(gemma, block_outermost_layouts=False, packed_groups=True,
+                                                    equal_tp=True), kv_split=False) == (10, 1)
 
 
 def test_every_family_has_a_title_and_a_decision():

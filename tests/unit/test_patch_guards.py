@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from xlkv_autopatch import facts, layout
+from xlkv_autopatch import facts, layout, logs
 from xlkv_autopatch.errors import XlkvError, XlkvMismatchError, XlkvRegistrationError
 from xlkv_autopatch.patches import (_state, block_count, compat_hash, cross_layer_preference, handshake,
                                     kv_cache_layout, model_runner, multi_connector, refuse_kvcached)
@@ -464,7 +464,16 @@ def test_layout_wrapper(monkeypatch, release):
     assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (cfg,), {}) == "LBHNC"
 
 
-def test_native_preference_sees_the_opt_in_without_editing_the_config(release):
+#: the attention backend vLLM's property module would report (native_wrapper reads it there: the module
+#: of the property function, here this test module)
+_BACKEND = {"name": "FLASH_ATTN"}
+
+
+def get_current_attn_backend(vllm_config):
+    return types.SimpleNamespace(get_name=lambda: _BACKEND["name"])
+
+
+def test_native_preference_sees_the_opt_in_without_editing_the_config(release, monkeypatch, caplog):
     extra = {}
     conn = types.SimpleNamespace(
         kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra, kv_role="kv_both"),
@@ -483,6 +492,33 @@ def test_native_preference_sees_the_opt_in_without_editing_the_config(release):
     extra.clear()
     conn._vllm_config.model_config.use_mla = True
     assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is False
+    conn._vllm_config.model_config.use_mla = False
+    # issue 44 item 3: cross-layer blocks that cannot be sliced by KV heads (a blocks-first backend, FLASH_ATTN
+    # on 0.23-0.25) would refuse a peer at another TP size, which stock serves: the stock layout, one INFO line
+    for rel, name in (("0.21.0", "FLASHINFER"), ("0.21.0", "TRITON_ATTN"), ("0.24.0", "FLASH_ATTN")):
+        release(rel)
+        monkeypatch.setattr(_state, "_stock_reasons", [])
+        monkeypatch.setitem(_BACKEND, "name", name)
+        caplog.clear()
+        monkeypatch.setattr(logs, "_seen", set())
+        with caplog.at_level("INFO", logger="vllm.xlkv_autopatch"):
+            assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is False
+        (reason,) = _state.stock_reasons()
+        assert name in reason and "XLKV_EQUAL_TP=true" in reason and "blocks-first" in reason
+        assert [r.levelname for r in caplog.records if "XLKV_EQUAL_TP" in r.getMessage()] == ["INFO"]
+        monkeypatch.setenv("XLKV_EQUAL_TP", "true")  # every peer at this TP size: the cross-layer blocks
+        assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is True
+        monkeypatch.delenv("XLKV_EQUAL_TP")
+        extra["enable_cross_layers_blocks"] = "true"  # the user's own opt-in: vLLM's answer stands
+        assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is True
+        extra.clear()
+    monkeypatch.setenv("XLKV_STRICT", "1")  # strict: a kept stock layout is an error, this one too
+    with pytest.raises(XlkvError, match="XLKV_EQUAL_TP=true"):
+        cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {})
+    monkeypatch.delenv("XLKV_STRICT")
+    release("0.26.0")  # FLASH_ATTN keeps heads outermost here: no change
+    monkeypatch.setitem(_BACKEND, "name", "FLASH_ATTN")
+    assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is True
 
 
 def test_kvcached_refused_only_with_the_flag_on(monkeypatch):
@@ -683,6 +719,9 @@ def test_packed_predicate_packs_sliding_window_hybrids_only(release, monkeypatch
     no = lambda vllm_config, kv_cache_groups: False  # noqa: E731  vLLM's answer without the opt-in
     two = ["full", "sliding"]
     swa = _planner_cfg(hf=SWA_HF)
+    # packed rows cannot be sliced by KV heads: packed only where every peer runs this TP size
+    assert P.predicate_wrapper(no, None, (swa, two), {}) is False
+    monkeypatch.setenv("XLKV_EQUAL_TP", "1")
     assert P.predicate_wrapper(no, None, (swa, two), {}) is True
     assert _state.stock_reasons() == []
     # vLLM's own yes stands (DeepSeek-V4 specs, the user's opt-in)
@@ -713,10 +752,11 @@ def test_packed_predicate_packs_sliding_window_hybrids_only(release, monkeypatch
         P.predicate_wrapper(no, None, (_planner_cfg(connector="MultiConnector", extra=multi, hf=SWA_HF), two), {})
 
 
-def test_packed_registration_tags_the_hash_and_refuses_heterogeneous_tp(release):
+def test_packed_registration_tags_the_hash_and_refuses_heterogeneous_tp(release, monkeypatch):
     from xlkv_autopatch.patches import packed_kv_cache_config as P
 
     release("0.26.0")
+    monkeypatch.setenv("XLKV_EQUAL_TP", "1")  # packed only then
 
     def fake_hash(vllm_config, attn_backend_name, cross_layers_blocks):
         return ("x" if cross_layers_blocks else "s") * 64
@@ -749,9 +789,10 @@ def test_packed_registration_tags_the_hash_and_refuses_heterogeneous_tp(release)
     assert dense.compat_hash == "s" * 64 and not _state.is_cross_layer(dense)
 
 
-def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_groups(release):
+def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_groups(release, monkeypatch):
     """One cross-layer tensor only for one KV cache group; several groups: stock with the family
-    named before 0.24, the planner's packing on 0.24-0.28 (the property keeps vLLM's own answer)."""
+    named before 0.24; on 0.24-0.28 stock so that any TP pairing is served, or with XLKV_EQUAL_TP the
+    planner's packing (the property keeps vLLM's own answer)."""
     def upstream_property(self):
         return str(self.kv_transfer_config.kv_connector_extra_config.get(
             "enable_cross_layers_blocks", "False")).lower() == "true"
@@ -769,7 +810,13 @@ def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_group
     assert _state.stock_reasons() == []
     c = conn(2)
     assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
+    (reason,) = _state.stock_reasons()
+    assert "XLKV_EQUAL_TP=true" in reason and "packed multi-group rows" in reason
+    monkeypatch.setattr(_state, "_stock_reasons", [])
+    monkeypatch.setenv("XLKV_EQUAL_TP", "1")
+    assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
     assert _state.stock_reasons() == []  # packed by the planner: nothing kept stock, no WARNING
+    monkeypatch.delenv("XLKV_EQUAL_TP")
     release("0.21.0")
     assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
     (reason,) = _state.stock_reasons()
@@ -833,3 +880,28 @@ def test_native_preference_of_mla_follows_the_release_and_its_backend(release, m
     c = conn()
     assert cross_layer_preference.native_wrapper(upstream_property, c, (c,), {}) is False
     assert _state.stock_reasons()[-1].startswith("MLA (DeepSeek-V2/V3, Kimi K2 style): keeps the stock layout")
+
+
+def test_backport_preference_keeps_the_stock_layout_for_a_blocks_first_backend(release, monkeypatch):
+    """0.12-0.15 (issue 44 item 3): FLASHINFER's cross-layer blocks cannot be sliced by KV heads, so the
+    backported preference answers False (the stock layout, any TP pairing served) unless XLKV_EQUAL_TP=true;
+    FLASH_ATTN keeps its heads-outermost blocks."""
+    import sys
+
+    release("0.14.1")
+    mod = types.ModuleType("xlkv_test_fake_backport_connector")
+    mod.get_kv_cache_layout = lambda: "HND"
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    Connector = type("NixlConnector", (), {"__module__": mod.__name__})
+    cfg = _model_cfg()
+    cfg.kv_transfer_config.kv_connector_extra_config = {}
+    conn = Connector()
+    conn._vllm_config, conn._kv_cache_config = cfg, None
+    conn.connector_worker = types.SimpleNamespace(backend_name="FLASH_ATTN", use_host_buffer=False)
+    assert cross_layer_preference.backport_property_wrapper(lambda: False, conn, (), {}) is True
+    conn.connector_worker.backend_name = "FLASHINFER"
+    assert cross_layer_preference.backport_property_wrapper(lambda: False, conn, (), {}) is False
+    (reason,) = _state.stock_reasons()
+    assert "FLASHINFER" in reason and "XLKV_EQUAL_TP=true" in reason
+    monkeypatch.setenv("XLKV_EQUAL_TP", "1")
+    assert cross_layer_preference.backport_property_wrapper(lambda: False, conn, (), {}) is True

@@ -270,12 +270,15 @@ def test_runtime_refusals_of_0_33(status):
 
 
 @pytest.mark.parametrize("vllm, tp", [
-    ("0.21.0", "with FLASHINFER/TRITON_ATTN: the handshake is refused (cross-layer blocks of a blocks-first backend "
-               "(K/V outermost) cannot be sliced by heads for heterogeneous TP); FLASH_ATTN is served (heads are "
+    # issue 44 item 3: refused only with XLKV_EQUAL_TP=true; without it the engine keeps the stock layout
+    ("0.21.0", "with FLASHINFER/TRITON_ATTN and XLKV_EQUAL_TP=true: the handshake is refused (cross-layer blocks of a "
+               "blocks-first backend (K/V outermost) cannot be sliced by heads for heterogeneous TP); without "
+               "XLKV_EQUAL_TP (the default) such an engine keeps the stock layout, says so in one INFO line, and every "
+               "pairing is served as stock serves it; FLASH_ATTN keeps cross-layer blocks and is served (heads are "
                "outermost in a FlashAttention cross-layer block)"),
-    ("0.24.0", "with any backend: the handshake is refused (cross-layer blocks of a blocks-first backend"),
-    ("0.26.0", "with FLASHINFER/TRITON_ATTN: the handshake"),
-    ("0.12.0", "with FLASHINFER: the handshake")])
+    ("0.24.0", "with any backend and XLKV_EQUAL_TP=true: the handshake is refused (cross-layer blocks of a blocks-first"),
+    ("0.26.0", "with FLASHINFER/TRITON_ATTN and XLKV_EQUAL_TP=true: the handshake"),
+    ("0.12.0", "with FLASHINFER and XLKV_EQUAL_TP=true: the handshake")])
 def test_runtime_refusals_follow_the_release(status, vllm, tp):
     rc, text = status(vllm)  # flag off too: what would be refused once it is on
     got = refusals(text)
@@ -294,7 +297,8 @@ def test_runtime_refusals_are_derived_from_the_release_table(status, monkeypatch
     rows = tuple(replace(r, fa_heads=False) if r.release == "0.26" else r for r in releases.RELEASES)
     monkeypatch.setattr(releases, "RELEASES", rows)
     after = [l for l in refusals(status("0.26.0")[1]) if l.startswith("heterogeneous TP")]
-    assert "FLASH_ATTN is served" in before[0] and "with any backend" in after[0], (before, after)
+    assert "FLASH_ATTN keeps cross-layer blocks and is served" in before[0] and "with any backend" in after[0], \
+        (before, after)
 
 
 def test_an_explicit_stock_layout_is_predicted_and_strict_refuses_it(status):

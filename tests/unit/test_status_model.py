@@ -9,7 +9,7 @@ import pytest
 from xlkv_autopatch import __main__ as cli
 from xlkv_autopatch import facts
 
-OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "VLLM_PLUGINS", "VLLM_MLA_DISABLE",
+OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_EQUAL_TP", "XLKV_VLLM_VERSION", "VLLM_PLUGINS", "VLLM_MLA_DISABLE",
         "VLLM_KV_CACHE_LAYOUT")
 
 CONFIGS = {
@@ -62,7 +62,10 @@ def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
     ("0.28.0", "deepseek-v3", ("--pp", "2"), "mla", "stock", 61, 61),
     ("0.25.0", "deepseek-v3", (), "mla", "stock", 61, 61),
     ("0.26.0", "deepseek-v32", (), "sparse-mla", "stock", 61, 61),
-    ("0.26.0", "gpt-oss", (), "sliding-window", "packed KV cache groups", 18, 1),
+    # packed multi-group rows cannot be sliced by KV heads: stock unless XLKV_EQUAL_TP (test below)
+    ("0.26.0", "gpt-oss", (), "sliding-window", "stock", 18, 18),
+    # 0.23-0.25: no backend's cross-layer block keeps the KV heads outermost: stock unless XLKV_EQUAL_TP
+    ("0.24.0", "llama-70b", ("--tp", "4"), "dense", "stock", 160, 160),
     # 0.12-0.21: a KV connector turns vLLM's hybrid KV cache manager off: one group of all 36 layers
     ("0.21.0", "gpt-oss", (), "sliding-window", "one cross-layer KV tensor", 72, 1),
     ("0.14.1", "gpt-oss", (), "sliding-window", "one cross-layer KV tensor", 72, 1),
@@ -118,10 +121,12 @@ def test_a_folder_without_config_is_a_problem(status, tmp_path, capsys):
     ("0.33.0", "llama-70b", 16, 2, False, None, {"stock": None, "xlkv": None}, "with or without xlkv"),
     # one side stock (pipeline stages at one KV head per rank), the other BHLNC: refused
     # 0.12-0.28: FLASH_ATTN cross-layer blocks on 0.26 (heads outermost), refused on 0.24
-    ("0.26.0", "llama-70b", 1, 2, True, 1, {"stock": 80, "xlkv": 1}, "other attention backends"),
-    ("0.24.0", "llama-70b", 1, 2, False, 1, {"stock": 160, "xlkv": None}, "blocks-first"),  # K and V apart
+    # 0.12-0.28: FLASH_ATTN cross-layer blocks on 0.26 (heads outermost); where a cross-layer block cannot be
+    # sliced by KV heads (0.24's, packed groups) the engine keeps the stock layout and the pair is served as stock
+    ("0.26.0", "llama-70b", 1, 2, True, 1, {"stock": 80, "xlkv": 1}, "other attention backends: the stock layout"),
+    ("0.24.0", "llama-70b", 1, 2, True, 1, {"stock": 160, "xlkv": 160}, "both sides keep the stock layout"),
     ("0.26.0", "deepseek-v3", 1, 2, True, 1, {"stock": 61, "xlkv": 1}, "replicated"),  # one latent tensor
-    ("0.26.0", "gpt-oss", 1, 2, False, 1, {"stock": 18, "xlkv": None}, "packed multi-group"),
+    ("0.26.0", "gpt-oss", 1, 2, True, 1, {"stock": 18, "xlkv": 18}, "XLKV_EQUAL_TP=true"),
 ])
 def test_status_for_a_pair(status, vllm, name, p_tp, d_tp, served, sources, per_rank, words):
     rc, info = status(vllm, name, "--prefill-tp", str(p_tp), "--decode-tp", str(d_tp))
@@ -155,3 +160,23 @@ def test_status_model_predicts_an_explicit_layout(status):
     rc, info = status("0.33.0", "llama-70b", "--prefill-tp", "1", "--decode-tp", "2", ENABLE_XLKV="true",
                       VLLM_KV_CACHE_LAYOUT="BLNHC")
     assert info["pair"]["served"] is False and "token-major" in info["pair"]["reason"], info["pair"]
+
+
+@pytest.mark.parametrize("vllm, name, p_tp, d_tp, layout, stock, xlkv, served, words", [
+    ("0.26.0", "gpt-oss", 1, 1, "packed KV cache groups", 18, 1, True, "the same layout"),
+    ("0.26.0", "gpt-oss", 1, 2, "packed KV cache groups", 18, 1, False, "packed multi-group"),
+    ("0.24.0", "llama-70b", 4, 4, "one cross-layer KV tensor", 160, 1, True, "the same layout"),
+    ("0.24.0", "llama-70b", 1, 2, "one cross-layer KV tensor", 160, 1, False, "blocks-first"),
+    ("0.26.0", "llama-70b", 1, 2, "one cross-layer KV tensor", 80, 1, True, "handshake is refused with XLKV_EQUAL"),
+])
+def test_equal_tp_keeps_cross_layer_blocks_that_serve_one_tp_size(status, vllm, name, p_tp, d_tp, layout, stock,
+                                                                  xlkv, served, words):
+    """XLKV_EQUAL_TP=true (issue 44 item 3): the cross-layer blocks that cannot be sliced by KV heads are
+    kept, and a pair at other TP sizes is refused, naming the knob; unset, the same pairs are served."""
+    rc, info = status(vllm, name, "--prefill-tp", str(p_tp), "--decode-tp", str(d_tp), XLKV_EQUAL_TP="true")
+    side = info["pair"]["sides"]["decode"]
+    assert side["layout"] == layout and side["descriptors_per_block"] == {"stock": stock, "xlkv": xlkv}
+    assert info["pair"]["served"] is served and words in info["pair"]["reason"], info["pair"]["reason"]
+    assert served or "XLKV_EQUAL_TP=true is set" in info["pair"]["reason"]
+    rc, info = status(vllm, name, "--prefill-tp", str(p_tp), "--decode-tp", str(d_tp))
+    assert info["pair"]["served"] is True

@@ -16,11 +16,12 @@ def strict():
     return knob("XLKV_STRICT")
 
 
-def fallback(key, reason):
+def fallback(key, reason, *, chosen=False):
     """ENABLE_XLKV is on but this configuration keeps the stock layout.
 
-    One WARNING per process and cause; with XLKV_STRICT=1 an error instead.  The reason
-    is remembered, so a handshake refusal can name it.
+    One WARNING per process and cause (``chosen``: an INFO line, where xlkv keeps the stock layout
+    by design, so that every TP pairing is served: layout.kept_for_any_tp); with XLKV_STRICT=1 an
+    error instead.  The reason is remembered, so a handshake refusal can name it.
     """
     message = "ENABLE_XLKV is set but the stock per-layer KV layout is kept: %s" % reason
     _state.note_stock_reason(reason)
@@ -28,7 +29,12 @@ def fallback(key, reason):
         raise XlkvError("xlkv_autopatch: %s (XLKV_STRICT=1 makes this an error; unset XLKV_STRICT to run "
                         "with the stock layout, or unset ENABLE_XLKV)" % message)
     if once(("fallback", key)):
-        logger.warning("xlkv_autopatch: %s", message)
+        (logger.info if chosen else logger.warning)("xlkv_autopatch: %s", message)
+
+
+def equal_tp():
+    """XLKV_EQUAL_TP through the one knob parser (layout.kept_for_any_tp says what it changes)."""
+    return knob(layout.EQUAL_TP_KNOB)
 
 
 def explicit_layout():

@@ -7,6 +7,7 @@ rule lives in one place (families.py) and ``status --model`` predicts the same a
 """
 
 from .. import facts, families
+from ._fallback import equal_tp
 
 
 def _backend_names(vllm_config):
@@ -64,4 +65,4 @@ def decision(vllm_config, *, kv_cache_groups=None):
     if found is None:
         return None
     return families.decide(found, block_outermost_layouts=layouts, packed_groups=release.packed_groups,
-                           mla_backends=mla)
+                           mla_backends=mla, equal_tp=equal_tp())

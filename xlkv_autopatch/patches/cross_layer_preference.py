@@ -23,7 +23,12 @@ How
     backends run with xlkv on a GPU (releases.MLA_BACKENDS), and the others keep the
     stock layout with a WARNING naming the backend.  A configuration that keeps the stock layout logs
     one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
-    ``enable_cross_layers_blocks=false`` wins.
+    ``enable_cross_layers_blocks=false`` wins.  Heterogeneous TP (issue 44 item 3): an engine
+    cannot know its peers' TP size at start-up, so where the cross-layer block that vLLM would
+    allocate cannot be sliced by KV heads (``layout.sliced_by_heads``: every backend but FLASH_ATTN,
+    and FLASH_ATTN on 0.23-0.25) the property answers False and the engine keeps the stock layout,
+    which serves any pairing, with one INFO line (XLKV_STRICT=1: an error), unless XLKV_EQUAL_TP=true
+    (every peer runs this TP size) or the user's own ``enable_cross_layers_blocks=true`` says otherwise.
 vLLM versions
     0.12-0.13: ``ClassVar[bool]`` on the base class, overridden on NixlConnector by a
     descriptor; 0.14-0.15: base ``@property`` overridden on NixlConnector; 0.16-0.23:
@@ -40,7 +45,7 @@ from .. import facts, families, layout
 from ..logs import info_once
 from . import _model, _state
 from ._config import spec_names
-from ._fallback import fallback
+from ._fallback import equal_tp, fallback
 
 OPT_IN = "enable_cross_layers_blocks"
 
@@ -119,7 +124,7 @@ def native_wrapper(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)  # one tensor cannot hold several groups: vLLM's own answer, no WARNING
     extra = _extra_guards(instance, model)
     if not extra.use:
-        fallback(extra.reason, extra.reason)
+        fallback(extra.reason, extra.reason, chosen=_for_any_tp(model, extra))
         return False
     mla = _mla_decision(wrapped, instance, model)
     if mla is not None:  # 0.26-0.28, MLA: vLLM's own guard has no MLA backend (module docstring)
@@ -130,6 +135,12 @@ def native_wrapper(wrapped, instance, args, kwargs):
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (%s)", mla.reason)
         return True
     result = bool(wrapped(_OptInView(instance)))
+    # an explicit enable_cross_layers_blocks=true is the user's own choice of vLLM's cross-layer blocks: kept
+    unsliceable = _unsliceable(_property_module(wrapped, instance).get_current_attn_backend(
+        instance._vllm_config).get_name()) if result and explicit is None else None
+    if unsliceable:
+        fallback(unsliceable, unsliceable, chosen=True)
+        return False
     if result:
         _state.note_cross_layer_preferred()
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (vLLM's own guards passed)")
@@ -137,6 +148,20 @@ def native_wrapper(wrapped, instance, args, kwargs):
         reason = _native_refusal(wrapped, instance)
         fallback(reason, reason)
     return result
+
+
+def _for_any_tp(model, decision):
+    """Is ``decision`` the family's stock layout kept by design (so that every TP pairing is served)?"""
+    return bool(model is not None and model.for_any_tp and decision.reason == model.reason)
+
+
+def _unsliceable(backend):
+    """Why this engine keeps the stock layout instead of cross-layer blocks of ``backend`` that
+    cannot be sliced by KV heads (layout.kept_for_any_tp), or None: they can, or XLKV_EQUAL_TP is on."""
+    if equal_tp():
+        return None
+    why = layout.sliced_by_heads(backend=backend, fa_heads_outermost=facts.current().fa_heads_outermost)
+    return layout.kept_for_any_tp(why) if why else None
 
 
 def _mla_decision(getter, connector, model):
@@ -182,6 +207,7 @@ def _native_refusal(getter, connector):
 
 
 def _backport_decision(connector):
+    """(the decision, whether a stock answer is layout.kept_for_any_tp) or None on the scheduler side."""
     worker = getattr(connector, "connector_worker", None)
     if worker is None:  # scheduler side: the model runner never asks there
         return None
@@ -199,19 +225,25 @@ def _backport_decision(connector):
     )
     model = _model.decision(connector._vllm_config, kv_cache_groups=groups)
     if model is not None and not model.cross_layer and (decision.use or model.family == families.SLIDING_WINDOW):
-        return layout.Decision(False, model.reason)  # the family named (several KV cache groups: the hybrid)
-    return decision
+        return layout.Decision(False, model.reason), False  # the family named (several KV cache groups: the hybrid)
+    explicit = (connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN)
+    if decision.use and explicit is None and (model is None or model.family != families.MLA):
+        unsliceable = _unsliceable(worker.backend_name)
+        if unsliceable:
+            return layout.Decision(False, unsliceable), True
+    return decision, False
 
 
 def _backport_result(connector):
-    decision = _backport_decision(connector)
-    if decision is None:
+    decided = _backport_decision(connector)
+    if decided is None:
         return None
+    decision, for_any_tp = decided
     if decision.use:
         _state.note_cross_layer_preferred()
         info_once("prefer", "NixlConnector prefers cross-layer KV blocks (%s)", decision.reason)
     else:
-        fallback(decision.reason, decision.reason)
+        fallback(decision.reason, decision.reason, chosen=for_any_tp)
     return decision.use
 
 

@@ -73,7 +73,8 @@ REMOTE_STOCK_CAUSES = (
     "On the remote engine either ENABLE_XLKV is unset, or it is set and that engine kept the stock layout: its log "
     "has an xlkv WARNING or INFO line naming why (an explicit VLLM_KV_CACHE_LAYOUT, which wins over xlkv on vLLM "
     "0.29+; a MultiConnector with a connector that takes no cross-layer blocks; MLA or hybrid models; host-buffer "
-    "mode; a smaller attention kernel block)")
+    "mode; a smaller attention kernel block; on vLLM 0.12-0.28 cross-layer blocks that cannot be sliced by KV heads "
+    "without %s=true, which this engine may have set)" % layout.EQUAL_TP_KNOB)
 
 
 def _hash_in(text, label):
@@ -256,10 +257,13 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         if remote_tp and remote_tp != local_tp:
             decision, slicing = _hetero_tp(instance, f, local_tp, remote_tp)
             if not decision.use:
+                fix = ("Fix: unset %s on both engines (xlkv then keeps the stock layout wherever its cross-layer "
+                       "blocks cannot be sliced by KV heads, and any TP pairing is served), or use the same "
+                       "tensor-parallel size on both" % layout.EQUAL_TP_KNOB) if not f.kv_cache_layouts else (
+                    "Fix: use the same tensor-parallel size on both, or unset ENABLE_XLKV on both")
                 raise XlkvMismatchError(
-                    "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. Fix: use the same "
-                    "tensor-parallel size on both, or unset ENABLE_XLKV on both" % (remote_tp, local_tp,
-                                                                                    decision.reason))
+                    "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. %s" % (
+                        remote_tp, local_tp, decision.reason, fix))
     refusal = _layout_refusal(instance, meta, cross, f)
     if refusal is not None:
         raise refusal

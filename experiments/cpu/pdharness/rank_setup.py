@@ -13,27 +13,27 @@ from . import model
 from .compat import current_backends, has, kernel_block_sizes, kw
 
 
-def force_platform():
+#: --attn-backend: the attention backend class the fake CUDA platform names (its KV cache shape and
+#: stride order only; no kernel runs), where the release's registry does not say
+BACKEND_PATHS = {"FLASH_ATTN": "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend",
+                 "TRITON_ATTN": "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"}
+
+
+def force_platform(attn_backend=None):
     """Harness-only: force a CPU platform that looks like CUDA to the connector."""
     import vllm.platforms as P
     from vllm.platforms.cpu import CpuPlatform
 
+    name = attn_backend or "FLASH_ATTN"
+
     def _fa_path():
-        try:
-            from vllm.v1.attention.backends.registry import AttentionBackendEnum
-            return AttentionBackendEnum.FLASH_ATTN.get_path()
-        except Exception:
-            pass
-        try:
-            from vllm.attention.backends.registry import AttentionBackendEnum
-            return AttentionBackendEnum.FLASH_ATTN.get_path()
-        except Exception:
-            pass
-        try:
-            from vllm.attention.backends.registry import _Backend  # noqa
-        except Exception:
-            pass
-        return "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
+        for mod in ("vllm.v1.attention.backends.registry", "vllm.attention.backends.registry"):
+            try:
+                return getattr(__import__(mod, fromlist=["AttentionBackendEnum"]).AttentionBackendEnum,
+                               name).get_path()
+            except Exception:
+                pass
+        return BACKEND_PATHS[name]
 
     mla_path = []  # resolved once, on the first MLA request
 
@@ -89,7 +89,7 @@ def setup(role, args, tmpdir):
     import importlib.metadata as md
 
     state = {"role": role, "plant_fault": getattr(args, "plant_fault", None), "family": model.FAMILY}
-    state["platform"] = force_platform()
+    state["platform"] = force_platform(getattr(args, "attn_backend", None))
 
     # what the engine core / worker do first: load general plugins (the shim may be one)
     # as in vLLM, an exception from a plugin ends the process (it is not a warning)
