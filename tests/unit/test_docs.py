@@ -427,3 +427,12 @@ def test_the_readme_is_short_and_its_opening_gain_is_the_tables():
         assert heading in readme, heading
     quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     assert "status --model" in quick and "any P/D router works" in " ".join(quick.split())
+
+
+def test_the_readme_main_job_time_is_the_newest_measured_run():
+    """Issue 42 item 4 / issue 43 item 10: the main job's time in README comes from ci-times.json."""
+    data = json.load(open(os.path.join(ROOT, "experiments", "results", "ci-times.json")))
+    newest = data["main_job"][-1]
+    assert isinstance(newest["seconds"], int) and newest["source"] and newest["gpus"] == 0
+    text = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
+    assert "Time: %d s on this 2-core machine without a GPU" % newest["seconds"] in text
