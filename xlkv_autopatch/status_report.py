@@ -199,7 +199,8 @@ def runtime_refusals(f):
     out.append("a different block size on prefill and decode (--block-size, or the attention kernel's block): the "
                "handshake is refused")
     decisions = {b: layout.heterogeneous_tp_supported(
-        cross_layer=True, tp_ratio=2, blocks_first=not (b == "FLASH_ATTN" and f.fa_heads_outermost),
+        cross_layer=True, tp_ratio=2,
+        blocks_first=layout.sliced_by_heads(backend=b, fa_heads_outermost=f.fa_heads_outermost) is not None,
         whole_row_layout=f.kv_cache_layouts, heads_outermost_rows=f.kv_cache_layouts) for b in f.cross_layer_backends}
     refused_tp = [b for b in f.cross_layer_backends if not decisions[b].use]
     if refused_tp:

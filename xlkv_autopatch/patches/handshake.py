@@ -287,7 +287,8 @@ def _hetero_tp(instance, f, local_tp, remote_tp):
             decision = layout.Decision(False, "this engine's %s rows cannot be sliced by heads: %s"
                                        % (layout.HEADS_OUTERMOST_LAYOUT, why_not))
         return decision, decision.use and sliceable
-    heads_outermost = getattr(instance, "backend_name", "") == "FLASH_ATTN" and f.fa_heads_outermost
+    heads_outermost = layout.sliced_by_heads(backend=getattr(instance, "backend_name", ""),
+                                             fa_heads_outermost=f.fa_heads_outermost) is None
     return layout.heterogeneous_tp_supported(
         cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost, whole_row_layout=False,
         packed_groups=_state.is_packed_groups(instance), replicated=replicated), False
