@@ -57,6 +57,24 @@ def prom_scrape(url):
         return None
 
 
+#: what the shim's INFO line says where it keeps the stock layout by design (issue 44 item 3: cross-layer
+#: blocks that cannot be sliced by KV heads, without XLKV_EQUAL_TP); the equivalence summary then checks
+#: no descriptor promise for that config (the shim made none)
+KEPT_FOR_ANY_TP = "XLKV_EQUAL_TP=true gives 1 descriptor per block"
+
+
+def kept_stock_for_any_tp(log_path):
+    """The shim's line saying it keeps the stock layout so that any TP pairing is served, or None."""
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                if KEPT_FOR_ANY_TP in line and "xlkv_autopatch" in line:
+                    return line.strip()[-600:]
+    except (OSError, TypeError):
+        pass
+    return None
+
+
 def kv_probe(log, offset, prom_before, prom_after, bytes_per_block, backend_log=None, registration=None,
              prompt_len=0, block_size=16):
     """KV numbers of one run (kvmetrics.kv_run) with the backend named in ``backend_log`` and D's
@@ -68,6 +86,9 @@ def kv_probe(log, offset, prom_before, prom_after, bytes_per_block, backend_log=
         print("kv-run: no registration report at %s (bytes per block: %s)" % (
             registration, "the dense formula" if bytes_per_block else "unknown"), file=sys.stderr)
     kv = kv_run(log, offset, prom_before, prom_after, bytes_per_block, backend, registration=reg)
+    kept = kept_stock_for_any_tp(backend_log or log)
+    if kept:
+        kv["kept_stock_for_any_tp"] = kept
     if prompt_len:
         # one request's blocks from its length: exact with one KV cache group only (a sliding
         # window group sends its in-window tail)

@@ -837,3 +837,26 @@ def test_an_empty_setting_reads_as_unset(monkeypatch):
     assert settings.int_setting("TP_D") == 2
     monkeypatch.setenv("XLKV_NO_SUCH_SETTING", "")
     assert settings.setting("XLKV_NO_SUCH_SETTING", "fallback") == "fallback"
+
+
+def test_a_shim_that_kept_the_stock_layout_for_any_tp_is_not_held_to_the_descriptor_promise(tmp_path):
+    """Issue 44 item 3: where D's log has the shim's INFO line (stock layout kept so that any TP pairing is
+    served), the summary records it and checks no descriptor limit; without the line, 28 per block fails."""
+    from pdtools import equivalence, runs as R
+
+    log = tmp_path / "d.log"
+    log.write_text("INFO 11-27 [x.py:1] xlkv_autopatch: ENABLE_XLKV is set but the stock per-layer KV layout is "
+                   "kept: ... XLKV_EQUAL_TP=true gives 1 descriptor per block (a peer ...)\n")
+    assert R.kept_stock_for_any_tp(str(log)).endswith("(a peer ...)")
+    assert R.kept_stock_for_any_tp(str(tmp_path / "none.log")) is None
+    runs = {"local:stock": _run([5]), "pd:stock": _run([5]), "local:shim": _run([5]), "pd:shim": _run([5])}
+    kv = {"descriptors_per_block": 28.0, "avg_descriptors_per_transfer": 2800.0, "blocks_per_transfer": 100}
+    for kept, want in ((R.kept_stock_for_any_tp(str(log)), None), (None, False)):
+        probes = {"stock": {"kv": dict(kv), "backend": "TRITON_ATTN"},
+                  "shim": {"kv": dict(kv, **({"kept_stock_for_any_tp": kept} if kept else {})),
+                           "backend": "TRITON_ATTN"}}
+        s = equivalence.summarize_equivalence(runs, probes, [5])
+        assert s["equivalence_pass"], s["mismatches"]
+        assert s["configs"]["shim"]["descriptor_pass"] is want, s["configs"]["shim"]
+        assert s["descriptor_pass"] is (want is None), s["descriptor_pass"]
+        assert ("descriptor_note" in s["configs"]["shim"]) is (kept is not None)
