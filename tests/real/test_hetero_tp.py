@@ -102,13 +102,19 @@ def _assert_kept_stock_and_served(r, p_tp, d_tp, backend, kv_heads=2):
     assert said and all("INFO " in line and "WARNING" not in line and backend in line for line in said), said or r["_log"][-3000:]
 
 
-def _assert_refused_naming_equal_tp(r, p_tp, d_tp, words):
+def _assert_refused_naming_equal_tp(r, p_tp, d_tp, words, invalid_reported=True):
     assert r["transfer_verified"] is False
     text = json.dumps(r["errors"]) + json.dumps([c.get("failure_reason") for c in r["cases"].values()]) + r["_log"]
     assert "xlkv_autopatch: NIXL handshake refused: prefill TP %d, decode TP %d" % (p_tp, d_tp) in text, text[-3000:]
     assert words in text and "Fix: unset XLKV_EQUAL_TP on both engines" in text, text[-3000:]
     for case in r["cases"].values():
         assert not case["ok"] and not case.get("xfer_descs"), case
+        # the refusal leaves decode serving: every case, the later ones too, is answered on every decode rank,
+        # its blocks reported invalid (vLLM's failure path), no rank died
+        ranks = case.get("ranks") or [case]
+        assert all(x["recv_done"] and (x["invalid_block_ids"] or not invalid_reported) for x in ranks), (
+            case.get("ranks"), r["errors"])
+    assert "d_died" not in r, r.get("d_died")
 
 
 def test_blocks_first_backend_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_env, tmp_path):
@@ -285,4 +291,6 @@ def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_t
     equal = harness(vllm_env[1], tmp_path, "swa_1to2_equal", *args, env=dict(XLKV, XLKV_EQUAL_TP="true"),
                     step_timeout=60)
     assert equal["num_regions"] == 1, equal["num_regions"]  # packed: one row per block id
-    _assert_refused_naming_equal_tp(equal, 1, 2, "packed multi-group KV layout")
+    # vLLM 0.26 itself reports no invalid block ids after a failed handshake of a model with several KV cache
+    # groups (a stock decode facing a tagged prefill does the same: noted on issue 44), so only recv_done here
+    _assert_refused_naming_equal_tp(equal, 1, 2, "packed multi-group KV layout", invalid_reported=False)
