@@ -98,8 +98,15 @@ def _assert_kept_stock_and_served(r, p_tp, d_tp, backend, kv_heads=2):
     the stock layout, says why in one INFO line naming XLKV_EQUAL_TP, and the pair moves exact bytes."""
     _assert_exact(r, p_tp, d_tp, kv_heads=kv_heads)
     assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
+    _assert_said_kept_for_any_tp(r, backend)
+
+
+def _assert_said_kept_for_any_tp(r, cause):
+    """The shim's INFO line (never a WARNING) saying it kept the stock layout so that any TP pairing is served,
+    naming ``cause`` (the backend, or the packed rows) and the knob."""
     said = [line for line in r["_log"].splitlines() if "XLKV_EQUAL_TP=true gives 1 descriptor per block" in line]
-    assert said and all("INFO " in line and "WARNING" not in line and backend in line for line in said), said or r["_log"][-3000:]
+    assert said and all("INFO " in line and "WARNING" not in line and cause in line for line in said), \
+        said or r["_log"][-3000:]
 
 
 def _assert_refused_naming_equal_tp(r, p_tp, d_tp, words, invalid_reported=True):
@@ -131,8 +138,7 @@ def test_blocks_first_backend_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_
     assert r["backend"] == "TRITON_ATTN", r["backend"]
     _assert_exact_cases(r, 2)
     assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
-    said = [line for line in r["_log"].splitlines() if "XLKV_EQUAL_TP=true gives 1 descriptor per block" in line]
-    assert said and all("INFO " in line and "WARNING" not in line and "TRITON_ATTN" in line for line in said), said or r["_log"][-3000:]
+    _assert_said_kept_for_any_tp(r, "TRITON_ATTN")
     equal = harness(vllm_env[1], tmp_path, "triton_1to2_equal", *args, env=dict(XLKV, XLKV_EQUAL_TP="true"),
                     step_timeout=60)
     assert all(x["cross_layer"] is True for x in equal["d_ranks"] + equal["p_ranks"]), equal["d_ranks"]
@@ -285,9 +291,7 @@ def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_t
     _assert_exact_cases(r, 2)
     assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
     assert r["num_regions"] > 1, r["num_regions"]  # stock: one region per shared layer tensor
-    said = [line for line in r["_log"].splitlines() if "XLKV_EQUAL_TP=true gives 1 descriptor per block" in line]
-    assert said and all("INFO " in line and "WARNING" not in line and "packed multi-group rows" in line for line in said), \
-        said or r["_log"][-3000:]
+    _assert_said_kept_for_any_tp(r, "packed multi-group rows")
     equal = harness(vllm_env[1], tmp_path, "swa_1to2_equal", *args, env=dict(XLKV, XLKV_EQUAL_TP="true"),
                     step_timeout=60)
     assert equal["num_regions"] == 1, equal["num_regions"]  # packed: one row per block id

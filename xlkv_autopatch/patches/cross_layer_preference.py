@@ -124,7 +124,8 @@ def native_wrapper(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)  # one tensor cannot hold several groups: vLLM's own answer, no WARNING
     extra = _extra_guards(instance, model)
     if not extra.use:
-        fallback(extra.reason, extra.reason, chosen=_for_any_tp(model, extra))
+        # a family kept stock by design (its decision is what _extra_guards names first): an INFO line
+        fallback(extra.reason, extra.reason, chosen=bool(model is not None and model.for_any_tp))
         return False
     mla = _mla_decision(wrapped, instance, model)
     if mla is not None:  # 0.26-0.28, MLA: vLLM's own guard has no MLA backend (module docstring)
@@ -148,11 +149,6 @@ def native_wrapper(wrapped, instance, args, kwargs):
         reason = _native_refusal(wrapped, instance)
         fallback(reason, reason)
     return result
-
-
-def _for_any_tp(model, decision):
-    """Is ``decision`` the family's stock layout kept by design (so that every TP pairing is served)?"""
-    return bool(model is not None and model.for_any_tp and decision.reason == model.reason)
 
 
 def _unsliceable(backend):
@@ -213,6 +209,7 @@ def _backport_decision(connector):
         return None
     module = sys.modules[type(connector).__module__]
     _, has_mamba, groups = spec_names(getattr(connector, "_kv_cache_config", None))
+    explicit = (connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN)
     decision = layout.cross_layer_decision(
         backend=worker.backend_name,
         kv_layout=module.get_kv_cache_layout(),
@@ -220,13 +217,12 @@ def _backport_decision(connector):
         has_mamba=has_mamba,
         num_kv_groups=groups or 1,
         host_buffer=getattr(worker, "use_host_buffer", False),
-        explicit_opt_in=(connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN),
+        explicit_opt_in=explicit,
         env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"),
     )
     model = _model.decision(connector._vllm_config, kv_cache_groups=groups)
     if model is not None and not model.cross_layer and (decision.use or model.family == families.SLIDING_WINDOW):
         return layout.Decision(False, model.reason), False  # the family named (several KV cache groups: the hybrid)
-    explicit = (connector._vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(OPT_IN)
     if decision.use and explicit is None and (model is None or model.family != families.MLA):
         unsliceable = _unsliceable(worker.backend_name)
         if unsliceable:
