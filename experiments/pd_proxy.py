@@ -19,6 +19,11 @@ GET /timings: where each request's time went since the last reset (?reset=1 rese
 reading): P's answer (the whole one-token prefill request) and D's first byte (from sending
 D the request to its first streamed chunk; its whole answer when not streamed), mean and
 median in ms -- the split of the P/D TTFT that pd_bench.sh records per repetition.
+--trace FILE: one JSON line per answered request with the wall-clock times (time.time(), the clock
+the engines' handoff trace uses: experiments/negative_control/xlkv_handoff_trace.py) of: the
+request's arrival (t_in), the request sent to P (t_p_sent), P's answer (t_p_answer), the request sent
+to D (t_d_sent), D's first byte (t_d_first) and D's last (t_d_done); pdtools/handoff.py joins them
+with the engines' lines by the X-Request-Id the proxy gives both (``rid``).
 
 usage: pd_proxy.py --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
 Needs aiohttp (in the GPU image).
@@ -100,8 +105,9 @@ def timing_summary(split):
 
 
 class Proxy:
-    def __init__(self, prefill, decode, timeout_s, token_ids=False):
+    def __init__(self, prefill, decode, timeout_s, token_ids=False, trace=None):
         self.token_ids = token_ids
+        self.trace = open(trace, "a", buffering=1) if trace else None
         self.prefill = prefill.rstrip("/")
         self.decode = decode.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -129,11 +135,14 @@ class Proxy:
         except json.JSONDecodeError:
             return web.json_response({"error": "request body is not JSON"}, status=400)
         self.stats["requests"] += 1
-        rid = "pd-%d-%d" % (int(time.time() * 1000), next(self.ids))
+        w_in = time.time()
+        rid = "pd-%d-%d" % (int(w_in * 1000), next(self.ids))
         headers = self._headers(request, rid)
         t0 = time.perf_counter()
+        wall = {"rid": rid, "t_in": w_in, "stream": bool(body.get("stream"))}
         # 1. prefill on P
         ids = self.token_ids and path == "/v1/completions"
+        wall["t_p_sent"] = time.time()
         async with self.session.post(self.prefill + path, json=prefill_request(body, ids), headers=headers) as r:
             text = await r.text()
             if r.status != 200:
@@ -142,17 +151,21 @@ class Proxy:
                 return web.Response(status=r.status, text=text, content_type="application/json")
             p_resp = json.loads(text)
         t1 = time.perf_counter()
+        wall["t_p_answer"] = time.time()
         try:
             d_body = decode_request(body, p_resp, ids)
         except ValueError as e:
             self.stats["errors"] += 1
             return web.json_response({"error": str(e)}, status=502)
         # 2. decode on D; relay its answer (stream or not) unchanged
+        wall["t_d_sent"] = time.time()
         async with self.session.post(self.decode + path, json=d_body, headers=headers) as r:
             if not body.get("stream"):
                 text = await r.text()
                 if r.status == 200:
                     self.split.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+                    wall["t_d_first"] = wall["t_d_done"] = time.time()
+                    self._trace(wall)
                 log.debug("%s prefill %.1f ms, total %.1f ms", rid, (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3)
                 return web.Response(status=r.status, text=text, content_type="application/json")
             resp = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
@@ -162,11 +175,18 @@ class Proxy:
             async for chunk in r.content.iter_any():
                 if t_first is None:
                     t_first = time.perf_counter()
+                    wall["t_d_first"] = time.time()
                 await resp.write(chunk)
             await resp.write_eof()
             if r.status == 200 and t_first is not None:
                 self.split.append(((t1 - t0) * 1e3, (t_first - t1) * 1e3))
+                wall["t_d_done"] = time.time()
+                self._trace(wall)
             return resp
+
+    def _trace(self, wall):
+        if self.trace is not None:
+            self.trace.write(json.dumps(wall, sort_keys=True) + "\n")
 
     async def timings(self, request):
         out = timing_summary(self.split)
@@ -191,8 +211,8 @@ class Proxy:
         return web.json_response(out, status=200 if ok else 503)
 
 
-def make_app(prefill, decode, timeout_s=3600, token_ids=False):
-    proxy = Proxy(prefill, decode, timeout_s, token_ids)
+def make_app(prefill, decode, timeout_s=3600, token_ids=False, trace=None):
+    proxy = Proxy(prefill, decode, timeout_s, token_ids, trace)
     app = web.Application(client_max_size=256 * 2**20)
     app.on_startup.append(proxy.start)
     app.on_cleanup.append(proxy.stop)
@@ -213,13 +233,14 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--token-ids-to-d", action="store_true",
                     help="D gets P's prompt token ids instead of the prompt text (completions)")
+    ap.add_argument("--trace", metavar="FILE", help="append one JSON line of wall-clock times per answered request")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s pd_proxy %(levelname)s %(message)s")
     log.info("proxy on %s:%d -> P %s, D %s%s", a.host, a.port, a.prefill, a.decode,
              " (D gets P's prompt token ids)" if a.token_ids_to_d else "")
-    web.run_app(make_app(a.prefill, a.decode, a.timeout, a.token_ids_to_d), host=a.host, port=a.port, access_log=None,
+    web.run_app(make_app(a.prefill, a.decode, a.timeout, a.token_ids_to_d, a.trace), host=a.host, port=a.port, access_log=None,
                 print=None)
     return 0
 

@@ -9,6 +9,10 @@ turns the shim on where ENABLE_XLKV is set, or the environment's own).
 The same hook writes D's registration report when XLKV_REGISTRATION_REPORT=<path> is set (the lab,
 pdtools/pair.py, puts this folder on D's PYTHONPATH for every config then, stock too): it only reads the worker
 after vLLM's register_kv_caches returned; nothing is corrupted unless XLKV_NEGATIVE_CONTROL is set.
+
+With XLKV_TRACE_HANDOFF=<folder> (pdtools/pair.py, HANDOFF_TRACE=1, on P and D) it also arms the handoff
+trace (xlkv_handoff_trace.py): pass-through wrappers that write when each step of a request's P/D handoff
+happened; nothing of vLLM's behaviour changes.
 """
 
 import os
@@ -25,6 +29,17 @@ def _arm():
         xlkv_negative_control.install()
     except Exception as e:  # a broken control must not pass silently: say it loudly
         sys.stderr.write("xlkv negative control: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
+
+
+def _arm_trace():
+    if not os.environ.get("XLKV_TRACE_HANDOFF"):
+        return
+    try:
+        import xlkv_handoff_trace
+
+        xlkv_handoff_trace.install()
+    except Exception as e:  # a missing trace must be seen, not mistaken for a run without events
+        sys.stderr.write("xlkv handoff trace: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
 
 
 def _chain():
@@ -47,4 +62,5 @@ def _chain():
 
 
 _arm()
+_arm_trace()
 _chain()

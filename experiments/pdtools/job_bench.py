@@ -4,16 +4,17 @@ proxy, stock vs the shim vs vLLM's own opt-in, cells CONFIGS x INPUT_LENS with R
 Settings, the cells it writes and exit codes: experiments/README.md, "pd_bench.sh".  Per
 repetition: its own --seed (no prefix-cache hits; the same seeds for every config), D's NIXL
 counters before and after (descriptors per transfer and per block), the proxy's /timings (where
-P/D time goes).  ``prefill_only`` is P alone with max_tokens=1: the physical limit of P/D TTFT.
+P/D time goes) and, with HANDOFF_TRACE=1, the per-request handoff split (pdtools/handoff.py).  ``prefill_only`` is P alone with max_tokens=1: the physical limit of P/D TTFT.
 """
 
+import json
 import os
 import shlex
 import socket
 import sys
 import time
 
-from . import configs
+from . import configs, handoff
 from .client import http_text
 from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import gate
@@ -49,6 +50,27 @@ def _proxy_timings(pair, keep=None):
         with open(keep, "w") as f:
             f.write(text)
     return text
+
+
+def _handoff(pair, proxy_file, window):
+    """HANDOFF_TRACE=1: the rep's per-request handoff split (pdtools/handoff.py) added to its proxy file."""
+    if not pair.trace_dir or not os.path.exists(proxy_file):
+        return
+    events, records = handoff.load(pair.trace_dir, pair.proxy_trace())
+    rows = handoff.split(events, records, window=window)
+    summ = handoff.summary(rows)
+    summ["problems"] = handoff.check(rows)
+    with open(proxy_file) as f:
+        data = json.load(f)
+    data["handoff"] = summ
+    with open(proxy_file, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    with open(proxy_file[:-len(".proxy.json")] + ".handoff.json", "w") as f:
+        json.dump({"summary": summ, "rows": rows}, f, indent=1, sort_keys=True)
+    log("handoff split: %d requests, %d complete; p50 ms: %s%s" % (
+        summ["requests"], summ["complete"],
+        ", ".join("%s %.1f" % (k, v["p50"]) for k, v in summ["parts_ms"].items()),
+        "; PROBLEMS: %s" % "; ".join(summ["problems"][:3]) if summ["problems"] else ""))
 
 
 def main():
@@ -157,6 +179,7 @@ def main():
                     off = log_offset(pair.d_log)
                     before = prom_scrape(pair.url("D", "/metrics"))
                     _proxy_timings(pair)                          # the split of this rep only
+                    window = [time.time(), None]
                     if not bench_run(length, n, seed, res, logf):
                         log("ERROR: bench run %s failed" % tag)
                         failed = 1
@@ -168,6 +191,8 @@ def main():
                                 sys.stderr.write("    " + line)
                     proxy_file = os.path.join(work, "bench", tag + ".proxy.json")
                     _proxy_timings(pair, keep=proxy_file)
+                    window[1] = time.time()
+                    _handoff(pair, proxy_file, window)
                     pair.wait_kv_lines(pair.d_log, off)
                     after = prom_scrape(pair.url("D", "/metrics"))
                     kv = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log, pair.d_reg_report)

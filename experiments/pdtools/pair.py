@@ -13,6 +13,7 @@ and worker children too; ``stop_all`` runs on every exit of a job (jobs use ``wi
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -109,6 +110,7 @@ class Pair:
         self.p_log = self.d_log = self.proxy_log = None
         self.d_reg_report = None
         self.proxy_args = []
+        self.trace_dir = None      # HANDOFF_TRACE=1: the pair's handoff trace (engines' and proxy's lines)
 
     def __enter__(self):
         return self
@@ -217,6 +219,10 @@ class Pair:
             envs.append(("VLLM_KV_CACHE_LAYOUT", setting("KV_LAYOUT", "HND")))
         envs += list(s.env.items())
         is_d = name.startswith("D")
+        if self.trace_dir:  # the handoff trace on P and D (the negative-control folder's hook arms it)
+            envs.append(("XLKV_TRACE_HANDOFF", self.trace_dir))
+            if "PYTHONPATH" not in (s.d_env if is_d else {}):
+                envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
         if is_d:
             envs += list(s.d_env.items())
             # the registration report (every config, stock too): the negative-control folder's import
@@ -227,7 +233,7 @@ class Pair:
                     logf + "-registration.json"
                 if os.path.exists(self.d_reg_report):
                     os.remove(self.d_reg_report)
-                if "PYTHONPATH" not in s.d_env:
+                if "PYTHONPATH" not in s.d_env and not self.trace_dir:
                     envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
                 envs.append(("XLKV_REGISTRATION_REPORT", self.d_reg_report))
         cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host", "127.0.0.1",
@@ -277,6 +283,11 @@ class Pair:
         self.assign_gpus()
         self.p_log, self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x))
                                                   for x in ("p", "d", "proxy"))
+        self.trace_dir = None
+        if setting("HANDOFF_TRACE") == "1":
+            self.trace_dir = os.path.join(self.work, "%s-trace" % tag)
+            shutil.rmtree(self.trace_dir, ignore_errors=True)
+            os.makedirs(self.trace_dir)
         p = self.start_server("P[%s]" % cfg, cfg, setting("PORT_P"), setting("SIDE_P"), self.p_gpus, self.tp_p,
                               self.p_log)
         # on a shared GPU vLLM's memory profiling of one instance must not see the other one still
@@ -298,6 +309,7 @@ class Pair:
         require_ports_free(setting("PORT_P"), setting("SIDE_P"))
         self.assign_gpus()
         self.p_log, self.d_log, self.d_reg_report = os.path.join(self.work, "%s-p.log" % tag), None, None
+        self.trace_dir = None  # no handoff without D
         p = self.start_server("P[%s]" % cfg, "stock", setting("PORT_P"), setting("SIDE_P"), self.p_gpus, self.tp_p,
                               self.p_log)
         self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
@@ -328,11 +340,16 @@ class Pair:
     def start_proxy(self):
         cmd = [setting("PY"), os.path.join(EXP_DIR, "pd_proxy.py"), "--port", setting("PORT_PROXY"),
                "--prefill", self.url("P", ""), "--decode", self.url("D", "")] + list(self.proxy_args)
+        if self.trace_dir:
+            cmd += ["--trace", self.proxy_trace()]
         with open(self.proxy_log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         self.procs.append(("proxy", proc, self.proxy_log))
         self.wait_ready("proxy", self.url("proxy", "/health"), proc, self.proxy_log, 60)
+
+    def proxy_trace(self):
+        return os.path.join(self.trace_dir, "proxy.jsonl") if self.trace_dir else None
 
     def check_shim_active(self, *logs):
         """A hint only (the descriptor count is the proof): the shim logs "... is active"."""

@@ -39,6 +39,7 @@ DEFAULTS = {
     "SERVE_EXTRA_ARGS": "",           # more `vllm serve` flags (word-split)
     "MODEL_ARCH": "qwen3",            # family of the generated model (make_model.py --arch)
     "REG_REPORT": "1",                # D writes its registration report (bytes per block id)
+    "HANDOFF_TRACE": "0",             # 1: P, D and the proxy trace each request's handoff (pdtools/handoff.py)
     "XLKV_ACTIVE_RE": "xlkv_autopatch: .* is active",   # log line that proves the shim is active
 }
 

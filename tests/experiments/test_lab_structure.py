@@ -13,7 +13,7 @@ PKG = os.path.join(EXP, "pdtools")
 
 #: module -> floor; a module imports only from floors below its own
 FLOORS = {
-    "settings": 0, "gates": 0, "client": 0, "prompts": 0, "vllminfo": 0, "kvmetrics": 0,
+    "settings": 0, "gates": 0, "client": 0, "prompts": 0, "vllminfo": 0, "kvmetrics": 0, "handoff": 0,
     "results": 1, "equivalence": 1, "configs": 1, "cpuchecks": 1,
     "runs": 2, "pair": 2,
     "job_equivalence": 3, "job_bench": 3, "job_upstream": 3,

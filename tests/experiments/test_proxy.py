@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -206,3 +207,38 @@ def test_proxy_timings_split_p_and_d():
             await rd.cleanup()
 
     asyncio.run(main())
+
+
+def test_proxy_trace_writes_wall_clock_times_per_request(tmp_path):
+    """--trace: one line per answered request, its times in order and on the engines' clock
+    (time.time()), the rid the proxy sent P and D as X-Request-Id (pdtools/handoff.py joins by it)."""
+    trace = tmp_path / "proxy.jsonl"
+
+    async def main():
+        seen = []
+        rp, p_url = await _serve(_upstream("P", seen))
+        rd, d_url = await _serve(_upstream("D", seen))
+        rx, x_url = await _serve(pd_proxy.make_app(p_url, d_url, trace=str(trace)))
+        t0 = time.time()
+        try:
+            async with aiohttp.ClientSession() as s:
+                for stream in (True, False):
+                    body = {"model": "m", "prompt": "w5", "max_tokens": 4, "stream": stream}
+                    async with s.post(x_url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        await r.read()
+        finally:
+            await rx.cleanup()
+            await rp.cleanup()
+            await rd.cleanup()
+        return seen, t0, time.time()
+
+    seen, t0, t1 = asyncio.run(main())
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert [x["stream"] for x in lines] == [True, False]
+    keys = ("t_in", "t_p_sent", "t_p_answer", "t_d_sent", "t_d_first", "t_d_done")
+    for x in lines:
+        ts = [x[k] for k in keys]
+        assert t0 <= ts[0] and ts[-1] <= t1 and ts == sorted(ts), x
+        assert {h for _, _, h in seen if h == x["rid"]} == {x["rid"]}  # P and D got it as X-Request-Id
+    assert sum(1 for _, _, h in seen if h == lines[0]["rid"]) == 2

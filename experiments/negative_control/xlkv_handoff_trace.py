@@ -1,0 +1,255 @@
+"""The lab's handoff trace (EXPERIMENTS ONLY): where a P/D request's time goes, per request.
+
+Armed by this folder's sitecustomize.py when ``XLKV_TRACE_HANDOFF=<folder>`` is set (pdtools/pair.py
+sets it on P and D with ``HANDOFF_TRACE=1``, for every config: stock, vLLM's BLNHC and the shim
+alike; the trace is independent of ENABLE_XLKV).  It only *observes*: pass-through wrappers on
+NixlConnector's scheduler-side and worker-side methods (the KV connector API every release
+0.12-0.33 has), which call the original first and then append one JSON line per event to
+``<folder>/trace-<pid>.jsonl`` (wall clock, ``time.time()``: P, D and the proxy share one host's
+clock).  No argument, return value or exception of vLLM's is changed; an event that cannot be
+read is skipped, never raised.
+
+Events (``ev``), with the request id vLLM uses inside the engine (``req``):
+  scheduler (engine core)
+    sched        the first get_num_new_matched_tokens for the request: the scheduler looks at it
+                 (``side``: "P" for a request with do_remote_decode, "D" with do_remote_prefill;
+                 D's line carries ``remote``, P's request id from kv_transfer_params)
+    alloc        update_state_after_alloc with external tokens (D: blocks given, the read queued)
+    meta         build_connector_meta put the request's read into the step's metadata
+    noticed_recv update_connector_output: the scheduler learns the read finished (D)
+    noticed_send update_connector_output: the scheduler learns D has read the blocks (P)
+    finished     request_finished (P: prefill done, the answer with kv_transfer_params leaves)
+  worker (one line per TP rank, ``rank``)
+    read_start / read_posted   start_load_kv before / after the original (the reads posted)
+    recv_done    get_finished / get_transfer_results reported the read done (or failed)
+    send_done    get_finished / get_transfer_results reported D's read of P's blocks done
+Each process also writes one ``installed`` line naming what it wrapped and what it could not.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+ENV = "XLKV_TRACE_HANDOFF"
+MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector",   # 0.20+
+           "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")   # 0.12-0.19
+SCHEDULER = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
+             "update_connector_output", "request_finished", "request_finished_all_groups")
+WORKER = ("start_load_kv", "get_finished", "get_transfer_results")
+MARK = "_xlkv_handoff_trace"
+
+_lock = threading.Lock()
+_out = None
+_seen = set()      # request ids whose ``sched`` line is written (dropped at ``finished``)
+_installed = False
+
+
+def _write(ev, req=None, **extra):
+    global _out
+    rec = {"t": time.time(), "ev": ev, "pid": os.getpid()}
+    if req is not None:
+        rec["req"] = req
+    rec.update(extra)
+    line = json.dumps(rec, sort_keys=True) + "\n"
+    with _lock:
+        if _out is None:
+            folder = os.environ[ENV]
+            os.makedirs(folder, exist_ok=True)
+            _out = open(os.path.join(folder, "trace-%d.jsonl" % os.getpid()), "a", buffering=1)
+        _out.write(line)
+
+
+def _engine(conn):
+    for attr in ("engine_id",):
+        v = getattr(conn, attr, None)
+        if isinstance(v, str):
+            return v
+    for part in ("connector_scheduler", "connector_worker"):
+        v = getattr(getattr(conn, part, None), "engine_id", None)
+        if isinstance(v, str):
+            return v
+    return None
+
+
+def _rank(conn):
+    w = getattr(conn, "connector_worker", None)
+    for attr in ("tp_rank", "rank"):
+        v = getattr(w, attr, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _params(request):
+    p = getattr(request, "kv_transfer_params", None)
+    return p if isinstance(p, dict) else {}
+
+
+def _ids(x):
+    """Request ids in a set/dict/list, or []."""
+    try:
+        return [r for r in x if isinstance(r, str)] if x else []
+    except TypeError:
+        return []
+
+
+def _safe(fn):
+    def run(*a, **k):
+        try:
+            fn(*a, **k)
+        except Exception:  # noqa: BLE001 - a trace never changes what vLLM does
+            pass
+    return run
+
+
+# ----------------------------------------------------------------- scheduler side
+@_safe
+def _on_matched(conn, request):
+    rid = getattr(request, "request_id", None)
+    if not isinstance(rid, str) or rid in _seen:
+        return
+    _seen.add(rid)
+    p = _params(request)
+    side = "D" if p.get("do_remote_prefill") else "P" if p.get("do_remote_decode") else None
+    extra = {"side": side, "engine": _engine(conn), "prompt_tokens": getattr(request, "num_prompt_tokens", None)}
+    if side == "D":
+        extra["remote"] = p.get("remote_request_id")
+        extra["remote_engine"] = p.get("remote_engine_id")
+    _write("sched", rid, **extra)
+
+
+@_safe
+def _on_alloc(conn, request, num_external_tokens):
+    if num_external_tokens:
+        _write("alloc", getattr(request, "request_id", None), engine=_engine(conn), tokens=num_external_tokens)
+
+
+@_safe
+def _on_meta(conn, meta):
+    for rid in _ids(getattr(meta, "reqs_to_recv", None)):
+        _write("meta", rid, engine=_engine(conn))
+
+
+@_safe
+def _on_output(conn, output):
+    for ev, attr in (("noticed_recv", "finished_recving"), ("noticed_send", "finished_sending")):
+        for rid in _ids(getattr(output, attr, None)):
+            _write(ev, rid, engine=_engine(conn))
+
+
+@_safe
+def _on_finished(conn, request, result):
+    rid = getattr(request, "request_id", None)
+    params = result[1] if isinstance(result, tuple) and len(result) == 2 else None
+    _write("finished", rid, engine=_engine(conn), params=bool(params))
+    _seen.discard(rid)
+
+
+# ----------------------------------------------------------------- worker side
+def _reads(conn):
+    return _ids(getattr(getattr(conn, "_connector_metadata", None), "reqs_to_recv", None))
+
+
+@_safe
+def _on_done(conn, result):
+    if isinstance(result, tuple) and len(result) == 2:
+        sending, recving = result
+    else:
+        sending, recving = getattr(result, "finished_sending", None), getattr(result, "finished_recving", None)
+    for ev, ids in (("send_done", sending), ("recv_done", recving)):
+        for rid in _ids(ids):
+            _write(ev, rid, engine=_engine(conn), rank=_rank(conn))
+
+
+def _wrapper(attr):
+    def matched(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        _on_matched(instance, args[0] if args else kwargs.get("request"))
+        return out
+
+    def alloc(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        n = args[2] if len(args) > 2 else kwargs.get("num_external_tokens")
+        _on_alloc(instance, args[0] if args else kwargs.get("request"), n)
+        return out
+
+    def meta(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        _on_meta(instance, out)
+        return out
+
+    def output(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        _on_output(instance, args[0] if args else kwargs.get("connector_output"))
+        return out
+
+    def finished(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        _on_finished(instance, args[0] if args else kwargs.get("request"), out)
+        return out
+
+    def load(wrapped, instance, args, kwargs):
+        ids = []
+        try:
+            ids = _reads(instance)
+            for rid in ids:
+                _write("read_start", rid, engine=_engine(instance), rank=_rank(instance))
+        except Exception:  # noqa: BLE001
+            ids = []
+        out = wrapped(*args, **kwargs)
+        try:
+            for rid in ids:
+                _write("read_posted", rid, engine=_engine(instance), rank=_rank(instance))
+        except Exception:  # noqa: BLE001
+            pass
+        return out
+
+    def done(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        _on_done(instance, out)
+        return out
+
+    return {"get_num_new_matched_tokens": matched, "update_state_after_alloc": alloc,
+            "build_connector_meta": meta, "update_connector_output": output, "request_finished": finished,
+            "request_finished_all_groups": finished, "start_load_kv": load, "get_finished": done,
+            "get_transfer_results": done}[attr]
+
+
+def _patch(module):
+    import wrapt
+
+    cls = getattr(module, "NixlConnector", None)
+    if cls is None or getattr(cls, MARK, False):
+        return
+    wrapped, missing = [], []
+    for attr in SCHEDULER + WORKER:
+        if not callable(getattr(cls, attr, None)):
+            missing.append(attr)
+            continue
+        # on NixlConnector itself (an inherited method gets an override there): other connectors untouched
+        setattr(cls, attr, wrapt.FunctionWrapper(getattr(cls, attr), _wrapper(attr)))
+        wrapped.append(attr)
+    setattr(cls, MARK, True)
+    _write("installed", module=module.__name__, wrapped=wrapped, missing=missing)
+
+
+def install():
+    """Register the wrappers for whichever NixlConnector module vLLM imports (once per process)."""
+    global _installed
+    if _installed or not os.environ.get(ENV):
+        return False
+    _installed = True
+    import wrapt
+
+    def hook(module):
+        try:
+            _patch(module)
+        except Exception as e:  # noqa: BLE001 - say it; never stop vLLM for a trace
+            sys.stderr.write("xlkv handoff trace: not installed on %s (%s: %s)\n"
+                             % (module.__name__, type(e).__name__, e))
+
+    for name in MODULES:
+        wrapt.register_post_import_hook(hook, name)
+    return True

@@ -1,0 +1,148 @@
+"""The handoff split (issue 41 item 1): pdtools/handoff.py's join and parts (pure logic), and the
+lab's trace hook (experiments/negative_control/xlkv_handoff_trace.py) on a stand-in NixlConnector
+with the KV connector API's method names, in a subprocess.  The hook on real vLLM + NIXL:
+tests/real/test_handoff_trace.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXP = os.path.join(ROOT, "experiments")
+sys.path.insert(0, EXP)
+from pdtools import handoff  # noqa: E402
+
+P_ID, D_ID, RID = "cmpl-pd-1700000000000-7-0-ab12cd34", "cmpl-pd-1700000000000-7-0-99ff00ee", "pd-1700000000000-7"
+
+
+def _events(t=100.0, ranks=2):
+    ev = [dict(t=t + 0.010, ev="sched", req=P_ID, side="P"),
+          dict(t=t + 0.200, ev="finished", req=P_ID),
+          dict(t=t + 0.230, ev="sched", req=D_ID, side="D", remote=P_ID),
+          dict(t=t + 0.231, ev="alloc", req=D_ID),
+          dict(t=t + 0.232, ev="meta", req=D_ID),
+          dict(t=t + 0.260, ev="noticed_recv", req=D_ID)]
+    for r in range(ranks):
+        ev += [dict(t=t + 0.240 + r * 0.001, ev="read_start", req=D_ID, rank=r),
+               dict(t=t + 0.241 + r * 0.001, ev="read_posted", req=D_ID, rank=r),
+               dict(t=t + 0.250 + r * 0.002, ev="recv_done", req=D_ID, rank=r)]
+    return ev
+
+
+PROXY = dict(rid=RID, t_in=100.000, t_p_sent=100.001, t_p_answer=100.215, t_d_sent=100.216, t_d_first=100.300)
+
+
+def test_parts_join_p_d_and_proxy_and_add_up_to_the_proxy_ttft():
+    rows = handoff.split(_events(), [PROXY])
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["d_request"], r["p_request"], r["rid"], r["ranks"], r["complete"]) == (D_ID, P_ID, RID, 2, True)
+    want = dict(proxy_to_p=1, p_admission=9, p_prefill=190, p_answer=15, proxy_to_d=1, d_admission=14, d_alloc=1,
+                d_dispatch=9, transfer=12, d_notice=8, d_first_token=40)
+    got = {k: round(r["parts_ms"][k], 3) for k in want}
+    assert got == want
+    assert round(sum(got.values()), 3) == round(r["total_ms"], 3) == 300.0
+    assert handoff.check(rows) == []
+    s = handoff.summary(rows)
+    assert s["complete"] == 1 and s["parts_ms"]["transfer"]["p50"] == 12.0
+
+
+def test_without_the_proxy_the_engines_alone_give_the_split_from_p_to_ds_notice():
+    r = handoff.split(_events(), [])[0]
+    assert r["complete"] and r["rid"] is None and r["total_ms"] is None
+    assert round(r["parts_ms"]["p_to_d"], 3) == 30.0 and round(r["engine_total_ms"], 3) == 250.0
+
+
+def test_a_missing_event_leaves_the_row_incomplete_and_out_of_the_summary():
+    ev = [e for e in _events() if e["ev"] != "noticed_recv"]
+    rows = handoff.split(ev, [PROXY])
+    assert rows[0]["complete"] is False and rows[0]["parts_ms"]["d_notice"] is None
+    assert handoff.summary(rows)["complete"] == 0
+
+
+def test_events_out_of_order_are_a_problem():
+    ev = _events()
+    for e in ev:
+        if e["ev"] == "alloc":
+            e["t"] = 100.250  # after the reads started: a wrapper on the wrong method would do this
+    assert any("d_dispatch" in p for p in handoff.check(handoff.split(ev, [PROXY])))
+
+
+def test_window_keeps_the_requests_that_arrived_inside_it():
+    assert len(handoff.split(_events(), [PROXY], window=(99.0, 100.5))) == 1
+    assert handoff.split(_events(), [PROXY], window=(100.5, 101.0)) == []
+
+
+def test_load_reads_trace_files_and_skips_a_cut_line(tmp_path):
+    (tmp_path / "trace-1.jsonl").write_text("\n".join(json.dumps(e) for e in _events()) + '\n{"t": 1, "ev"')
+    (tmp_path / "proxy.jsonl").write_text(json.dumps(PROXY) + "\n")
+    events, proxy = handoff.load(str(tmp_path), str(tmp_path / "proxy.jsonl"))
+    assert len(events) == len(_events()) and proxy == [PROXY]
+
+
+HOOK = r"""
+import json, os, sys, types
+sys.path.insert(0, sys.argv[1])
+mod = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector")
+
+class Meta:
+    def __init__(self, ids): self.reqs_to_recv = {i: None for i in ids}
+
+class Out:
+    def __init__(self, recv=(), send=()): self.finished_recving, self.finished_sending = set(recv), set(send)
+
+class Req:
+    def __init__(self, rid, params): self.request_id, self.kv_transfer_params, self.num_prompt_tokens = rid, params, 64
+
+class NixlConnector:
+    engine_id = "eng"
+    def get_num_new_matched_tokens(self, request, num_computed_tokens): return (48, True)
+    def update_state_after_alloc(self, request, blocks, num_external_tokens): return "alloc-ret"
+    def build_connector_meta(self, scheduler_output): return Meta(scheduler_output)
+    def update_connector_output(self, connector_output): return None
+    def request_finished(self, request, block_ids): return (True, {"remote_request_id": request.request_id})
+    def start_load_kv(self, forward_context, **kwargs): self.loaded = True
+    def get_finished(self, finished_req_ids): return ({"p1"}, {"d1"})
+
+mod.NixlConnector = NixlConnector
+sys.modules[mod.__name__] = mod
+import xlkv_handoff_trace as t
+assert t.install()
+c = NixlConnector()
+d = Req("d1", {"do_remote_prefill": True, "remote_request_id": "p1"})
+p = Req("p1", {"do_remote_decode": True})
+assert c.get_num_new_matched_tokens(p, 0) == (48, True)
+assert c.request_finished(p, [1, 2]) == (True, {"remote_request_id": "p1"})
+assert c.get_num_new_matched_tokens(d, 0) == (48, True)
+c.get_num_new_matched_tokens(d, 0)  # a second look: no second line
+assert c.update_state_after_alloc(d, None, 48) == "alloc-ret"
+c.update_state_after_alloc(d, None, 0)  # no external tokens: no line
+c._connector_metadata = c.build_connector_meta(["d1"])
+c.start_load_kv(None)
+assert c.loaded
+assert c.get_finished(set()) == ({"p1"}, {"d1"})
+c.update_connector_output(Out(recv=["d1"]))
+c.update_connector_output(None)  # unreadable: skipped, never raised
+print(json.dumps([json.loads(x) for f in sorted(os.listdir(os.environ["XLKV_TRACE_HANDOFF"]))
+                  for x in open(os.path.join(os.environ["XLKV_TRACE_HANDOFF"], f))]))
+"""
+
+
+def test_trace_hook_passes_through_and_writes_each_event(tmp_path):
+    env = dict(os.environ, XLKV_TRACE_HANDOFF=str(tmp_path / "trace"))
+    r = subprocess.run([sys.executable, "-c", HOOK, os.path.join(EXP, "negative_control")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = json.loads(r.stdout)
+    installed = lines[0]
+    assert installed["ev"] == "installed" and installed["missing"] == ["request_finished_all_groups",
+                                                                      "get_transfer_results"]
+    evs = [(x["ev"], x.get("req")) for x in lines[1:]]
+    assert evs == [("sched", "p1"), ("finished", "p1"), ("sched", "d1"), ("alloc", "d1"), ("meta", "d1"),
+                   ("read_start", "d1"), ("read_posted", "d1"), ("send_done", "p1"), ("recv_done", "d1"),
+                   ("noticed_recv", "d1")]
+    d_sched = lines[3]
+    assert (d_sched["side"], d_sched["remote"], lines[1]["side"]) == ("D", "p1", "P")
+    rows = handoff.split(lines, [])
+    assert len(rows) == 1 and rows[0]["complete"] and handoff.check(rows) == []

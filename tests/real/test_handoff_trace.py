@@ -1,0 +1,64 @@
+"""The lab's handoff trace (experiments/negative_control/xlkv_handoff_trace.py, issue 41 item 1) on
+real vLLM + NIXL, per release: armed through the negative-control folder's sitecustomize as
+pdtools/pair.py arms it (HANDOFF_TRACE=1), it wraps every KV-connector method the release's
+NixlConnector has, changes no byte the harness moves, and writes the worker-side events of every
+request in the order a read goes through.  The scheduler-side events need vLLM's engine core (no
+CPU engine here): tests/experiments/test_handoff.py checks them on a stand-in, the GPU runs on
+the real one (experiments/results/*handoff*)."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, harness, once_per_session, release_of
+
+NC_DIR = os.path.join(ROOT, "experiments", "negative_control")
+#: the KV connector API's methods the trace wraps, and the releases that lack one
+ALWAYS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
+          "update_connector_output", "request_finished", "start_load_kv", "get_finished")
+
+
+def _traced(vllm_env, tmp_path, name, extra_env=None):
+    folder = tmp_path / "trace"
+    env = dict(PYTHONPATH=NC_DIR, XLKV_TRACE_HANDOFF=str(folder), **(extra_env or {}))
+    res = harness(vllm_env[1], tmp_path, name, env=env)
+    lines = []
+    for path in sorted(glob.glob(str(folder / "trace-*.jsonl"))):
+        with open(path) as f:
+            lines += [json.loads(x) for x in f if x.strip()]
+    return res, lines
+
+
+def _check(vllm_env, res, lines):
+    assert res["errors"] == [] and res["transfer_verified"] is True, res["errors"]
+    assert "handoff trace: not installed" not in res["_log"] and "FAILED to arm" not in res["_log"], res["_log"][-3000:]
+    installed = [x for x in lines if x["ev"] == "installed"]
+    assert len(installed) == 2, installed  # P's rank and D's rank
+    for x in installed:
+        assert set(ALWAYS) <= set(x["wrapped"]), x
+        assert set(x["missing"]) <= {"request_finished_all_groups", "get_transfer_results"}, x
+    if release_of(vllm_env) >= (0, 20):
+        assert "request_finished_all_groups" in installed[0]["wrapped"], installed[0]
+    d_engine = {x["engine"] for x in lines if x["ev"] == "read_start"}
+    assert len(d_engine) == 1, d_engine
+    assert res["cases"]
+    for name, case in res["cases"].items():
+        req = case["req"]
+        seq = sorted((x for x in lines if x.get("req") == req and x.get("engine") in d_engine), key=lambda x: x["t"])
+        assert [x["ev"] for x in seq] == ["read_start", "read_posted", "recv_done"], (name, seq)
+        sent = [x for x in lines if x.get("req") == req and x["ev"] == "send_done"]
+        assert len(sent) == 1 and sent[0]["engine"] not in d_engine, (name, sent)
+
+
+def test_trace_wraps_every_connector_method_and_moves_the_same_bytes(vllm_env, tmp_path):
+    res, lines = _traced(vllm_env, tmp_path, "traced")
+    _check(vllm_env, res, lines)
+
+
+def test_trace_beside_the_shim(vllm_env, tmp_path):
+    once_per_session(vllm_env, "the trace's wrappers beside the shim's are the same on every release")
+    res, lines = _traced(vllm_env, tmp_path, "traced-xlkv", {"ENABLE_XLKV": "true"})
+    assert res["cross_layer"] is True, res
+    _check(vllm_env, res, lines)
