@@ -47,9 +47,10 @@ def _order(cfg):
 def rows(doc):
     """Table rows: dicts with the numbers of each (input_len, config) cell."""
     out = []
-    cells = sorted(doc.get("cells", []), key=lambda c: (c.get("input_len") or 0, _order(c.get("config"))))
-    def key(c):
-        return c["input_len"], c.get("state") or "fresh"
+    cells = sorted(doc.get("cells", []), key=lambda c: (c.get("input_len") or 0, c.get("max_concurrency") or 0,
+                                                         _order(c.get("config"))))
+    def key(c):  # cells compared with each other: same length, state and client concurrency
+        return c["input_len"], c.get("state") or "fresh", c.get("max_concurrency")
     stock = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
     alone = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "prefill_only"}
     for c in cells:
@@ -57,9 +58,12 @@ def rows(doc):
         base = stock.get(key(c))
         limit = alone.get(key(c))
         state = c.get("state") or "fresh"
+        tags = ([] if state == "fresh" else [state]) + (
+            ["c%d" % c["max_concurrency"]] if c.get("max_concurrency") else [])
         out.append({
-            "config": c["config"] if state == "fresh" else "%s [%s]" % (c["config"], state),
+            "config": c["config"] + (" [%s]" % ", ".join(tags) if tags else ""),
             "state": state, "input_len": c["input_len"], "num_prompts": c.get("num_prompts"),
+            "max_concurrency": c.get("max_concurrency"),
             "overhead_ms": (s["mean"] - limit["mean"]) if (s and limit and c["config"] != "prefill_only") else None,
             "avg_descriptors_per_transfer": _mean(c.get("descriptors_per_transfer")),
             "avg_xfer_ms": _mean((c.get("kv_xfer") or {}).get("avg_xfer_ms")),
@@ -86,12 +90,12 @@ def ratio_lines(doc):
     out = []
     by_len = {}
     for r in rows(doc):
-        by_len.setdefault(r["input_len"], []).append(r)
-    for L in sorted(by_len):
-        parts = ["stock/%s %.2f×" % (r["config"], r["ratio"]) for r in by_len[L]
+        by_len.setdefault((r["input_len"], r.get("max_concurrency") or 0), []).append(r)
+    for L, conc in sorted(by_len):
+        parts = ["stock/%s %.2f×" % (r["config"], r["ratio"]) for r in by_len[(L, conc)]
                  if r["config"].split(" ")[0] not in ("stock", "prefill_only") and r["ratio"] is not None]
         if parts:
-            out.append("- %d tokens: %s" % (L, ", ".join(parts)))
+            out.append("- %d tokens%s: %s" % (L, ", at most %d at a time" % conc if conc else "", ", ".join(parts)))
     return out
 
 

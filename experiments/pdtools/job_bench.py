@@ -26,10 +26,26 @@ from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, int
     setting, setup_env
 
 
-def num_prompts_for(length):
+def num_prompts_for(length, concurrency=None):
+    """NUM_PROMPTS, else 128 prompts up to 2048 tokens and 64 above; at most ``concurrency`` requests at a
+    time, 4 per slot and at least 10 (10 at 1, 32 at 8, 64 at 64 for 10240 tokens)."""
     if setting("NUM_PROMPTS"):
         return int(setting("NUM_PROMPTS"))
-    return 128 if length <= 2048 else 64
+    n = 128 if length <= 2048 else 64
+    return min(n, max(10, 4 * concurrency)) if concurrency else n
+
+
+def concurrencies():
+    """CONCURRENCY: client concurrency levels, each its own cell on the same servers ("1 8 64"; empty:
+    one pass without a limit, or whatever BENCH_EXTRA_ARGS says)."""
+    out = []
+    for word in setting("CONCURRENCY", "").split():
+        if not word.isdigit() or int(word) < 1:
+            die(EXIT_SETUP, "CONCURRENCY must be positive integers (got '%s')" % setting("CONCURRENCY"))
+        out.append(int(word))
+    if out and "--max-concurrency" in setting("BENCH_EXTRA_ARGS", ""):
+        die(EXIT_SETUP, "set the client concurrency in CONCURRENCY or in BENCH_EXTRA_ARGS, not both")
+    return out or [None]
 
 
 def default_configs(version):
@@ -85,6 +101,7 @@ def main():
     work = setting("WORK")
     eq_json = setting("EQ_JSON") or os.path.join(work, "equivalence.json")
     frag_prompts = int_setting("FRAG_PROMPTS", "400")
+    levels = concurrencies()
 
     setup_env()
     pair = Pair(None)
@@ -130,7 +147,7 @@ def main():
                 pair.use_registration()
                 url, out_len = pair.url("proxy", ""), output_len
 
-            def bench_run(length, n, seed, res, logf):
+            def bench_run(length, n, seed, res, logf, conc=None):
                 cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
                        "--model", pair.model, "--tokenizer", pair.model, "--base-url", url, "--endpoint",
                        "/v1/completions", "--dataset-name", "random", "--random-input-len", str(length),
@@ -141,11 +158,12 @@ def main():
                     cmd += ["--save-result", "--result-dir", os.path.dirname(res), "--result-filename",
                             os.path.basename(res)]
                 cmd += extra
+                if conc:
+                    cmd += ["--max-concurrency", str(conc)]
                 pair._note("bench: " + " ".join(cmd))
                 return run_logged(cmd, logf, timeout)
 
             for length in input_lens:
-                n = num_prompts_for(length)
                 if warmup > 0:
                     log("%s L=%d: warm-up (%d prompts)" % (cfg, length, warmup))
                     if not bench_run(length, warmup, 99, "", os.path.join(work, "bench-%s-%d-warmup.log"
@@ -160,54 +178,60 @@ def main():
                                                  os.path.join(work, "bench-%s-%d-fragment.log" % (cfg, length)),
                                                  timeout=timeout):
                         die(EXIT_FAIL, "fragmenting load failed (%s, L=%d)" % (cfg, length))
-                results, kvs, proxies = [], [], []
-                for rep in range(1, reps + 1):
-                    seed = 1000 + rep
-                    tag = "%s-%d-%d-r%d-%s" % (cfg, length, n, rep, time.strftime("%H%M%S"))
-                    res = os.path.join(work, "bench", tag + ".json")
-                    logf = os.path.join(work, "bench-%s.log" % tag)
-                    log("%s L=%d rep %d/%d: %d prompts, seed %d" % (cfg, length, rep, reps, n, seed))
-                    if alone:           # prefill_only: no transfers to count
-                        if not bench_run(length, n, seed, res, logf):
+                for li, conc in enumerate(levels):
+                    n = num_prompts_for(length, conc)
+                    results, kvs, proxies = [], [], []
+                    for rep in range(1, reps + 1):
+                        seed = 1000 + 100 * li + rep  # no prompt repeats across reps and levels (no prefix-cache hit)
+                        tag = "%s-%d-%d%s-r%d-%s" % (cfg, length, n, "-c%d" % conc if conc else "", rep,
+                                                 time.strftime("%H%M%S"))
+                        res = os.path.join(work, "bench", tag + ".json")
+                        logf = os.path.join(work, "bench-%s.log" % tag)
+                        log("%s L=%d%s rep %d/%d: %d prompts, seed %d"
+                            % (cfg, length, " c=%d" % conc if conc else "", rep, reps, n, seed))
+                        if alone:           # prefill_only: no transfers to count
+                            if not bench_run(length, n, seed, res, logf, conc):
+                                log("ERROR: bench run %s failed" % tag)
+                                failed = 1
+                                continue
+                            results.append(res)
+                            kvs.append(None)
+                            proxies.append(None)
+                            continue
+                        off = log_offset(pair.d_log)
+                        before = prom_scrape(pair.url("D", "/metrics"))
+                        _proxy_timings(pair)                          # the split of this rep only
+                        window = [time.time(), None]
+                        if not bench_run(length, n, seed, res, logf, conc):
                             log("ERROR: bench run %s failed" % tag)
                             failed = 1
                             continue
+                        with open(logf, errors="replace") as f:
+                            for line in f:
+                                if any(k in line for k in ("Mean TTFT", "Median TTFT", "P99 TTFT", "Mean ITL",
+                                                           "Total token throughput", "Failed requests")):
+                                    sys.stderr.write("    " + line)
+                        proxy_file = os.path.join(work, "bench", tag + ".proxy.json")
+                        _proxy_timings(pair, keep=proxy_file)
+                        window[1] = time.time()
+                        _handoff(pair, proxy_file, window)
+                        pair.wait_kv_lines(pair.d_log, off)
+                        after = prom_scrape(pair.url("D", "/metrics"))
+                        kv = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log,
+                                      pair.d_reg_report)
                         results.append(res)
-                        kvs.append(None)
-                        proxies.append(None)
+                        kvs.append(kv)
+                        proxies.append(proxy_file)
+                    if not results:
                         continue
-                    off = log_offset(pair.d_log)
-                    before = prom_scrape(pair.url("D", "/metrics"))
-                    _proxy_timings(pair)                          # the split of this rep only
-                    window = [time.time(), None]
-                    if not bench_run(length, n, seed, res, logf):
-                        log("ERROR: bench run %s failed" % tag)
-                        failed = 1
-                        continue
-                    with open(logf, errors="replace") as f:
-                        for line in f:
-                            if any(k in line for k in ("Mean TTFT", "Median TTFT", "P99 TTFT", "Mean ITL",
-                                                       "Total token throughput", "Failed requests")):
-                                sys.stderr.write("    " + line)
-                    proxy_file = os.path.join(work, "bench", tag + ".proxy.json")
-                    _proxy_timings(pair, keep=proxy_file)
-                    window[1] = time.time()
-                    _handoff(pair, proxy_file, window)
-                    pair.wait_kv_lines(pair.d_log, off)
-                    after = prom_scrape(pair.url("D", "/metrics"))
-                    kv = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log, pair.d_reg_report)
-                    results.append(res)
-                    kvs.append(kv)
-                    proxies.append(proxy_file)
-                if not results:
-                    continue
-                meta = {"block_size": int_setting("BLOCK_SIZE"), "tp_p": pair.tp_p, "tp_d": pair.tp_d,
-                        "model": pair.model, "attn_backend": attention_backend(pair.d_log or pair.p_log) or "",
-                        "state": state, "shared_gpu": pair.shared_gpu,
-                        "ucx_cuda_ipc_get_zcopy": os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "")}
-                bench_cell_to_file(result_json, cfg, length, out_len, n, results, kvs, proxies, pair.commands_file,
-                                   pair.bytes_per_block, version, pair.gpu_slug, eq_json,
-                                   "%s-%d" % (socket.gethostname(), int(time.time())), meta)
+                    meta = {"block_size": int_setting("BLOCK_SIZE"), "tp_p": pair.tp_p, "tp_d": pair.tp_d,
+                            "model": pair.model, "attn_backend": attention_backend(pair.d_log or pair.p_log) or "",
+                            "state": state, "shared_gpu": pair.shared_gpu,
+                            "ucx_cuda_ipc_get_zcopy": os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", ""),
+                            "max_concurrency": conc}
+                    bench_cell_to_file(result_json, cfg, length, out_len, n, results, kvs, proxies, pair.commands_file,
+                                       pair.bytes_per_block, version, pair.gpu_slug, eq_json,
+                                       "%s-%d" % (socket.gethostname(), int(time.time())), meta)
             pair.stop_all()
     if skipped:
         log("skipped (not in this release): %s" % " ".join(skipped))

@@ -9,7 +9,8 @@ import time
 
 from .kvmetrics import kv_summary
 
-CELL_KEY = ("config", "input_len", "output_len", "num_prompts", "state")
+#: max_concurrency: the client's --max-concurrency (CONCURRENCY); None (older cells too) = unlimited
+CELL_KEY = ("config", "input_len", "output_len", "num_prompts", "state", "max_concurrency")
 PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
            "mean_tpot_ms", "median_tpot_ms", "total_tok_s",
            "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps",

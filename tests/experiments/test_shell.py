@@ -499,6 +499,35 @@ def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
     assert "Where the P/D TTFT goes" in md and "stock [fragmented]: P's answer" in md
 
 
+def test_bench_concurrency_levels_are_cells_of_their_own_on_the_same_servers_with_the_handoff_trace(tmp_path):
+    """CONCURRENCY: one cell per level (the client's --max-concurrency), fresh seeds per level (no prompt
+    repeats across levels), servers started once per config; HANDOFF_TRACE=1: P and D get the trace hook
+    and the proxy writes its per-request times (the fake vLLM has no NixlConnector: no engine lines)."""
+    pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="prefill_only stock", INPUT_LENS="64", NUM_PROMPTS="3", REPS="1",
+             WARMUP_PROMPTS="1", CONCURRENCY="1 2", HANDOFF_TRACE="1", RESULT_JSON=str(res))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cells = {(c["config"], c["max_concurrency"]): c for c in json.loads(res.read_text())["cells"]}
+    assert set(cells) == {(cfg, c) for cfg in ("prefill_only", "stock") for c in (1, 2)}
+    for (cfg, c), cell in cells.items():
+        cmds = [x for x in cell["commands"] if "bench serve" in x and "--seed 99 " not in x]
+        mine = [x for x in cmds if "--max-concurrency %d" % c in x]
+        assert len(mine) == 1 and ("--seed %d " % (1001 + 100 * (c - 1))) in mine[0], cmds
+    assert r.stderr.count("start P[stock]") == 1  # both levels on one pair
+    work = tmp_path / "work"
+    p_cmd = [x for x in (work / "commands.txt").read_text().splitlines() if x.startswith("P[stock]")]
+    assert "XLKV_TRACE_HANDOFF=%s" % (work / "bench-stock-trace") in p_cmd[0] and "negative_control" in p_cmd[0]
+    proxy = [json.loads(x) for x in (work / "bench-stock-trace" / "proxy.jsonl").read_text().splitlines()]
+    assert len(proxy) == 1 + 3 + 3  # the warm-up and both levels
+    assert [h["requests"] for h in cells[("stock", 1)]["handoff_trace"]] == [0]  # no engine lines: no D rows
+    assert cells[("prefill_only", 1)]["handoff_trace"] == [None]
+    md = open(str(res)[:-5] + ".md").read()
+    assert "stock [c1]" in md and "stock [c2]" in md
+
+
 def test_bench_on_one_gpu_turns_cuda_ipc_reads_on_and_refuses_without_them(tmp_path):
     """One GPU: UCX turns cuda_ipc READs off without NVLink (0.4 GB/s measured), so the servers
     get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (1292 GB/s measured) and the cells say shared_gpu; a caller
