@@ -62,12 +62,9 @@ def _write(ev, req=None, **extra):
 
 
 def _engine(conn):
-    for attr in ("engine_id",):
-        v = getattr(conn, attr, None)
-        if isinstance(v, str):
-            return v
-    for part in ("connector_scheduler", "connector_worker"):
-        v = getattr(getattr(conn, part, None), "engine_id", None)
+    """The engine id (P's and D's differ): on the connector, or on its scheduler/worker half."""
+    for holder in (conn, getattr(conn, "connector_scheduler", None), getattr(conn, "connector_worker", None)):
+        v = getattr(holder, "engine_id", None)
         if isinstance(v, str):
             return v
     return None
