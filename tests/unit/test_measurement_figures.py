@@ -1,0 +1,948 @@
+"""Issue 43 item 10: every figure of docs/measurements.md and docs/deploy.md comes from a file a test
+reads (experiments/results/, a log line kept there, or the source a figure is about), or goes.
+
+Each claim below is a template and a function of the loaded files; the template filled with the
+function's values, rounded as the doc rounds, must be in the doc. Then every number left in the doc
+must lie inside some claim's text or in a span that is no measured figure (a date, a release, a
+commit, a file name, a GPU or TP size, a goal...: EXEMPT). Pure file reads, no vLLM."""
+
+import functools
+import json
+import math
+import os
+import re
+import statistics
+
+import pytest
+
+from xlkv_autopatch import releases
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "experiments", "results")
+
+
+# --------------------------------------------------------------------------- reading the files
+
+@functools.lru_cache(maxsize=None)
+def load(name):
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+@functools.lru_cache(maxsize=None)
+def read(*path):
+    with open(os.path.join(ROOT, *path), encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def doc_text(name):
+    """The doc with fenced code blocks left out, whitespace collapsed (the docs wrap lines anywhere)."""
+    text = re.sub(r"```.*?```", " ", read("docs", name), flags=re.S)
+    return " ".join(text.split())
+
+
+def cell(name, config, n, length, state=None):
+    hit = [c for c in load(name)["cells"] if (c["config"], c["num_prompts"], c["input_len"]) == (config, n, length)
+           and (state is None or c.get("state") == state)]
+    assert len(hit) == 1, (name, config, n, length, state, len(hit))
+    return hit[0]
+
+
+def eq(name):
+    return load(name)
+
+
+KV_LINE = re.compile(r"KV Transfer metrics: Num successful transfers=(\d+), Avg xfer time \(ms\)=([\d.]+), "
+                     r"P90 xfer time \(ms\)=[\d.]+, Avg post time \(ms\)=([\d.]+), P90 post time \(ms\)=[\d.]+, "
+                     r"Avg MB per transfer=([\d.]+), Throughput \(MB/s\)=([\d.]+), Avg number of descriptors=([\d.]+)")
+
+
+def kv_lines(log, server):
+    """vLLM's KV Transfer metrics lines of one server's log (``server``: e.g. "bench-shim-d.log") in a grep
+    file kept in experiments/results/, in order."""
+    out = []
+    for line in read("experiments", "results", *log.split("/")).splitlines():
+        m = KV_LINE.search(line)
+        if m and ("/" + server + ":") in line:
+            n, xfer, post, mb, thr, descs = m.groups()
+            out.append(dict(n=int(n), xfer=float(xfer), post=float(post), mb=float(mb), thr=float(thr),
+                            descs=float(descs)))
+    assert out, (log, server)
+    return out
+
+
+def log_has(log, text):
+    assert text in read("experiments", "results", *log.split("/")), (log, text)
+    return text
+
+
+# --------------------------------------------------------------------------- formatting as the docs do
+
+def f0(x):
+    return "%.0f" % x
+
+
+def f1(x):
+    return "%.1f" % x
+
+
+def f2(x):
+    return "%.2f" % x
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs)
+
+
+def pm(c):
+    """A cell's mean TTFT as "mean ± sample std" over its repetitions, in ms."""
+    return "%s ± %s" % (f0(c["mean_ttft_ms_mean"]), f0(c["mean_ttft_ms_std"]))
+
+
+def span(xs, fmt=f0):
+    xs = [x for x in xs if x is not None]
+    return "%s–%s" % (fmt(min(xs)), fmt(max(xs)))
+
+
+def per_rep(xs, fmt=f0, sep=" / "):
+    return sep.join(fmt(x) for x in xs)
+
+
+def ttft(c):
+    return c["mean_ttft_ms_mean"]
+
+
+def itl(c):
+    """A cell's mean ITL: the mean over repetitions of `vllm bench serve`'s mean ITL."""
+    return mean(c["mean_itl_ms"])
+
+
+def xfer(c):
+    return c["kv_xfer"]["avg_xfer_ms"]
+
+
+def ratio(a, b):
+    return f2(a / b) + "×"
+
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+def passed(name):
+    d = eq(name)
+    return verdict(d["pass"] is True and d["equivalence_pass"] is True)
+
+
+def nc(name, config="nc-shim"):
+    """A negative control's max |Δlogprob|, when it was detected with different ids (else a word that fails)."""
+    [r] = [r for r in eq(name)["negative_control"] if r["config"] == config]
+    return r["max_logprob_diff"] if r["detected"] and r["ids_differ"] else "not detected"
+
+
+def lp(name, config, key="max_logprob_diff"):
+    return eq(name)["configs"][config][key]
+
+
+def probe(name, config):
+    """(blocks, descriptors) of a config's probe transfer."""
+    c = eq(name)["configs"][config]
+    return c["blocks_per_transfer"], c["descriptors_per_transfer"]
+
+
+def per_block(name, config):
+    n, d = probe(name, config)
+    return f0(d / n)
+
+
+def regions(name, config):
+    got = set(eq(name)["configs"][config]["registered_regions_per_block_id"])
+    assert len(got) == 1, (name, config, got)
+    return got.pop()
+
+
+def lengths(name):
+    ls = eq(name)["prompt_lengths"]
+    return "%d–%d" % (min(ls), max(ls))
+
+
+def identical_ids(name, *labels):
+    """Every run named is identical to the file's baseline (token ids), and no mismatch is reported."""
+    runs = {r["label"]: r for r in eq(name)["runs"]}
+    return all(runs[lb]["identical_to_baseline"] for lb in labels) and not eq(name)["mismatches"]
+
+
+def pulled_for_every_answer(name):
+    d = eq(name)
+    ok = d["transfers_pass"] is True and not d["transfer_problems"]
+    return "KV pulled for every P/D answer" if ok else "some P/D answer pulled no KV"
+
+
+def releases_where(column, value=True):
+    """The releases of xlkv_autopatch/releases.py's table whose ``column`` is ``value`` (or for which
+    ``value``, a function, is true), as "first–last" (and they must be one run of consecutive rows)."""
+    rows = releases.RELEASES
+    test = value if callable(value) else (lambda v: v == value)
+    idx = [i for i, r in enumerate(rows) if test(getattr(r, column))]
+    assert idx and idx == list(range(idx[0], idx[-1] + 1)), (column, idx)
+    return "%s–%s" % (rows[idx[0]].release, rows[idx[-1]].release)
+
+
+# --------------------------------------------------------------------------- the files the docs cite
+
+B21 = "2026-11-22-0.21.0-2xH200.json"
+B21K = "2026-11-22-0.21.0-2xH200-1024.json"
+B26 = "2026-11-22-0.26.0-2xH200.json"
+B26R = "2026-11-22-0.26.0-2xH200-1024-rerun.json"
+B33 = "2026-11-23-0.33.0-2xH200.json"
+FRAG = "2026-11-23-0.26.0-2xH200.json"
+FRAG_LOG = "logs-2026-11-23-s7/call5-loggrep.txt"
+EQ_FRAG = "2026-11-23-equivalence-0.26.0-1xH200-fragmented.json"
+EQ_FRAG_LOG = "logs-2026-11-23-s7/call11-loggrep.txt"
+WIRE = "2026-11-23-wire-2xH200.json"
+SIM = "cpu-alloc-order-sim-0.26.0.json"
+ONE = "2026-11-23-0.26.0-1xH200.json"
+ONE_LOG = "logs-2026-11-23-s8/call8-loggrep.txt"
+ONE_CONSOLE = "logs-2026-11-23-s8/call8-console.txt"
+EQ15 = "2026-11-24-equivalence-0.15.1-1xH100-logprobs-nc.json"
+EQ15_LOG = "logs-2026-11-24-1xH100/call50-loggrep.txt"
+EQ15_GZ = "2026-11-24-equivalence-0.15.1-1xH100-getzcopy.json"
+EQ15_GZ_LOG = "logs-2026-11-24-1xH100/call55-loggrep.txt"
+TRITON = "2026-11-24-equivalence-0.33.0-1xH100-triton-nc.json"
+TRITON_LOG = "logs-2026-11-24-1xH100/call76-loggrep.txt"
+SH33 = "2026-11-24-0.33.0-1xH100-shared.json"
+SH26 = "2026-11-24-0.26.0-1xH100-shared.json"
+UCX = "2026-11-24-ucx-same-gpu-1xH100.json"
+DC1 = "2026-11-27-0.33.0-2xH200-decode-c1.json"
+DC64 = "2026-11-27-0.33.0-2xH200-decode-c64.json"
+DC_CALLS = "logs-2026-11-27-2xH200-decode/calls.md"
+B4 = "2026-11-22-0.26.0-4xH200.json"
+EQ21 = "2026-11-22-equivalence-0.21.0-2xH200-batch-invariant.json"
+EQ26 = "2026-11-22-equivalence-0.26.0-2xH200-batch-invariant.json"
+EQ21_DEFAULT = "2026-11-22-equivalence-0.21.0-2xH200.json"
+EQ26_DEFAULT = "2026-11-22-equivalence-0.26.0-2xH200.json"
+TP22 = "2026-11-22-equivalence-0.21.0-tp2to2-4xH200.json"
+TP12 = "2026-11-22-equivalence-0.21.0-tp1to2-4xH200.json"
+EQ26L = "2026-11-23-equivalence-0.26.0-1xH200-logprobs-nc.json"
+RUN1 = "2026-11-23-equivalence-0.26.0-1xH200-logprobs-nc-run1.json"
+EQ29 = "2026-11-23-equivalence-0.29.0-1xH200-logprobs-nc.json"
+EQ29R = "2026-11-23-equivalence-0.29.0-1xH200-native-ray.json"
+RAY_LOG = "logs-2026-11-23-s6/0.29-call22-eq-shim-ray-d.log"
+EQ33 = "2026-11-23-equivalence-0.33.0-1xH200-logprobs-nc.json"
+EQ33N = "2026-11-23-equivalence-0.33.0-1xH200-native.json"
+EQ33_LOG = "logs-2026-11-23-1xH200/0.33.0-equivalence.loggrep.txt"
+GEMMA12 = "2026-11-26-equivalence-0.33.0-2xH200-gemma3-tp1to2-nc.json"
+DENSE12 = "2026-11-26-equivalence-0.33.0-2xH200-tp1to2-nc.json"
+DENSE12_CONSOLE = "logs-2026-11-26-2xH200-hetero-tp/call20/console.txt"
+DENSE21 = "2026-11-27-equivalence-0.33.0-2xH200-tp2to1-stock.json"
+MLA33 = "2026-11-26-equivalence-0.33.0-1xH100-mla-native-nc.json"
+GEMMA33 = "2026-11-26-equivalence-0.33.0-1xH100-gemma3-native-nc.json"
+MQA33 = "2026-11-26-equivalence-0.33.0-1xH100-mqa-nc.json"
+MLA26_TRITON = "2026-11-26-equivalence-0.26.0-1xH100-mla-triton-v1-nc.json"
+MLA26_FLASHMLA = "2026-11-26-equivalence-0.26.0-1xH100-mla-flashmla-v1-nc.json"
+GEMMA26 = "2026-11-26-equivalence-0.26.0-1xH100-gemma3-v1-nc.json"
+MLA26_H200 = "2026-11-26-equivalence-0.26.0-1xH200-mla-flashattn-nc.json"
+DESC = "cpu-desc-bench-640blocks.json"
+STARTUP = "startup-cost.json"
+INIT = "cpu-model-init-28layers.json"
+TWO_STOCK = "2026-11-25-two-hosts-0.33.0-stock.json"
+TWO_XLKV = "2026-11-25-two-hosts-0.33.0-xlkv.json"
+TWO_DIES = "2026-11-25-two-hosts-0.21.0-stock-decode-dies.json"
+WHEEL_VENV = "2026-11-25-wheel-venv-status.json"
+
+
+# --------------------------------------------------------------------------- derived figures
+
+def pooled(config):
+    """The 0.26.0 128 × 1024 cell of both runs (3 + 5 repetitions) as one sample."""
+    xs = [x for name in (B26, B26R) for x in cell(name, config, 128, 1024)["mean_ttft_ms"]]
+    return len(xs), statistics.mean(xs), statistics.stdev(xs)
+
+
+def frag_lines():
+    """D's KV metrics of the fragmented 64 × 10240 shim cell: the fragmenting load (the interval with the
+    most sub-1120-MB transfers), then the benchmark's 1120 MB transfers after it."""
+    lines = kv_lines(FRAG_LOG, "bench-shim-d.log")
+    load = max((x for x in lines if x["mb"] < 1120), key=lambda x: x["n"])
+    bench = [x for x in lines[lines.index(load) + 1:] if x["mb"] == 1120]
+    return load, bench
+
+
+def wire_ms_for(mb):
+    """The wire's time for ``mb`` MiB (vLLM's MB), scaled linearly from the measured copy."""
+    w = load(WIRE)
+    return w["median_ms"] * mb * 2 ** 20 / w["bytes"]
+
+
+def shared_gpu_lines():
+    """1120 MB transfers between two processes on one GPU (shim-keep-order's D): those that ran with at
+    most 4 at once and at ≥ 0.1 GB/s ("alone"), and the intervals of ≥ 29 transfers ("under load")."""
+    lines = [x for x in kv_lines(ONE_LOG, "bench-shim-keep-order-d.log") if x["mb"] == 1120]
+    alone = [x for x in lines if x["n"] <= 4 and x["thr"] >= 100]
+    loaded = [x for x in lines if x["n"] >= 29]
+    assert alone and loaded
+    return alone, loaded
+
+
+def sim_cases(prefix):
+    return {k: v for k, v in load(SIM)["runs"].items() if k.startswith(prefix)}
+
+
+def sim_means(case, policy, key):
+    return [rep[key] for rep in load(SIM)["runs"][case]["policies"][policy]]
+
+
+def sim_no_hash():
+    return [x for case in sim_cases("fragmented, no prefix-cache hash") for x in
+            sim_means(case, "vllm_allocation", "transfer_order_mean")]
+
+
+def sim_fragmented(policy, key):
+    return [x for case in sim_cases("fragmented") for x in sim_means(case, policy, key)]
+
+
+def ucx_runs(zcopy):
+    """The probe's cross-layer runs that completed, with or without UCX_CUDA_IPC_ENABLE_GET_ZCOPY."""
+    return [r for c in load(UCX)["calls"] for r in c["runs"] if r["shape"] == "cross-layer" and r.get("median_ms")
+            and ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY" in r["env"]) == zcopy]
+
+
+def zcopy_in_vllm():
+    """The largest transfer of the 0.15.1 shim's equivalence run (D's KV metrics), without and with
+    UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y: (MB, ms before, ms after)."""
+    before, after = (max(kv_lines(log, "eq-shim-d.log"), key=lambda x: x["mb"]) for log in (EQ15_LOG, EQ15_GZ_LOG))
+    assert before["mb"] == after["mb"], (before, after)
+    return "%g" % before["mb"], "%g" % before["xfer"], "%g" % after["xfer"]
+
+
+def ucx_run(variant, shape):
+    """The first call's run of that variant and shape (call 1: 5 repetitions of each)."""
+    return next(r for c in load(UCX)["calls"] for r in c["runs"] if (r["variant"], r["shape"]) == (variant, shape))
+
+
+def first_ids(path, label, length):
+    m = re.search(r"^\s*%s\s+len=%d\s+method=\S+ out=(\[[\d, ]+\])" % (re.escape(label), length),
+                  read("experiments", "results", *path.split("/")), re.M)
+    return json.loads(m.group(1))
+
+
+def float32_step(x):
+    """x is one float32 step (a power of two): the text calls it 1 ulp / one float32 step."""
+    return x > 0 and x == 2.0 ** round(math.log2(x))
+
+
+def distinct_ids(*names):
+    return [n for name in names for n in eq(name)["distinct_ids"].values()]
+
+
+def startup(key):
+    return load(STARTUP)["median_ms"][key]
+
+
+def two(name):
+    return load(name)["result"]
+
+
+def block_bytes(name, case):
+    r = two(name)
+    return len(r["cases"][case]["local_block_ids"]) * r["block_len"] * r["num_regions"]
+
+
+# --------------------------------------------------------------------------- docs/measurements.md
+
+MEASUREMENTS = [
+    # 0.21.0, 64 × 10240
+    ("P/D mean TTFT, vLLM 0.21.0, 2×H200, {} × {} tokens, {} reps | stock {} ms, shim {} ms (**{}**), vLLM's own "
+     "opt-in {} ms; mean ITL {} / {} / {} ms",
+     lambda: (64, 10240, cell(B21, "stock", 64, 10240)["reps"], pm(cell(B21, "stock", 64, 10240)),
+              pm(cell(B21, "shim", 64, 10240)), ratio(ttft(cell(B21, "stock", 64, 10240)), ttft(cell(B21, "shim", 64, 10240))),
+              pm(cell(B21, "native", 64, 10240)),
+              *[f1(itl(cell(B21, c, 64, 10240))) for c in ("stock", "shim", "native")])),
+    # 0.21.0, 128 × 1024
+    ("P/D mean TTFT, vLLM 0.21.0, 2×H200, {} × {} tokens, {} reps | stock {} ms ({}), shim {} ms ({}): **{}**; "
+     "mean ITL {} vs {} ms",
+     lambda: (128, 1024, cell(B21K, "stock", 128, 1024)["reps"],
+              pm(cell(B21K, "stock", 128, 1024)), span(cell(B21K, "stock", 128, 1024)["mean_ttft_ms"]),
+              pm(cell(B21K, "shim", 128, 1024)), span(cell(B21K, "shim", 128, 1024)["mean_ttft_ms"]),
+              ratio(ttft(cell(B21K, "stock", 128, 1024)), ttft(cell(B21K, "shim", 128, 1024))),
+              f1(itl(cell(B21K, "stock", 128, 1024))), f1(itl(cell(B21K, "shim", 128, 1024))))),
+    # 0.26.0, 64 × 10240
+    ("P/D mean TTFT, vLLM 0.26.0, 2×H200, {} × {} tokens, {} reps | stock {} ms ({}), shim {} ms ({}): **{}**; "
+     "vLLM's best own configuration (opt-in + `VLLM_USE_V2_MODEL_RUNNER=0`) {} ms ({}); mean ITL {} / {} / {} ms; "
+     "vLLM's average KV transfer time per request {} ms (stock) vs {} ms (shim)",
+     lambda: (64, 10240, cell(B26, "stock", 64, 10240)["reps"],
+              pm(cell(B26, "stock", 64, 10240)), span(cell(B26, "stock", 64, 10240)["mean_ttft_ms"]),
+              pm(cell(B26, "shim", 64, 10240)), span(cell(B26, "shim", 64, 10240)["mean_ttft_ms"]),
+              ratio(ttft(cell(B26, "stock", 64, 10240)), ttft(cell(B26, "shim", 64, 10240))),
+              pm(cell(B26, "native-v1", 64, 10240)),
+              ratio(ttft(cell(B26, "stock", 64, 10240)), ttft(cell(B26, "native-v1", 64, 10240))),
+              *[f1(itl(cell(B26, c, 64, 10240))) for c in ("stock", "shim", "native-v1")],
+              span(xfer(cell(B26, "stock", 64, 10240))), span(xfer(cell(B26, "shim", 64, 10240))))),
+    # 0.26.0, 128 × 1024, both runs and pooled
+    ("P/D mean TTFT, vLLM 0.26.0, 2×H200, {} × {} tokens | 2026-11-22 (shim at 90e7201), {} reps: stock {} ms ({}), "
+     "shim {} ms ({}): {}. Rerun 2026-11-22 (shim at 11f7b7e), {} reps: stock {} ms ({}), shim {} ms ({}): {}; "
+     "native-v1 {} ms ({} reps). Pooled, {} reps each: stock {} ± {}, shim {} ± {} ms: {}",
+     lambda: (128, 1024, cell(B26, "stock", 128, 1024)["reps"],
+              pm(cell(B26, "stock", 128, 1024)), span(cell(B26, "stock", 128, 1024)["mean_ttft_ms"]),
+              pm(cell(B26, "shim", 128, 1024)), span(cell(B26, "shim", 128, 1024)["mean_ttft_ms"]),
+              ratio(ttft(cell(B26, "stock", 128, 1024)), ttft(cell(B26, "shim", 128, 1024))),
+              cell(B26R, "stock", 128, 1024)["reps"],
+              pm(cell(B26R, "stock", 128, 1024)), span(cell(B26R, "stock", 128, 1024)["mean_ttft_ms"]),
+              pm(cell(B26R, "shim", 128, 1024)), span(cell(B26R, "shim", 128, 1024)["mean_ttft_ms"]),
+              ratio(ttft(cell(B26R, "stock", 128, 1024)), ttft(cell(B26R, "shim", 128, 1024))),
+              pm(cell(B26R, "native-v1", 128, 1024)), cell(B26R, "native-v1", 128, 1024)["reps"],
+              pooled("stock")[0], f0(pooled("stock")[1]), f0(pooled("stock")[2]),
+              f0(pooled("shim")[1]), f0(pooled("shim")[2]),
+              # the two pooled means lie within each other's spread
+              "no regression, no gain beyond noise"
+              if abs(pooled("stock")[1] - pooled("shim")[1]) < min(pooled("stock")[2], pooled("shim")[2]) * 2
+              else "a difference beyond noise")),
+    # 0.33.0, 64 × 10240, interleaved
+    ("interleaved (stock, shim, native ×{} reps, then shim, stock ×{}) | stock {} ms ({}), shim {} ms ({}): **{}**; "
+     "vLLM's own `VLLM_KV_CACHE_LAYOUT=BLNHC` {} ms ({}, {} reps: the device time ran out), {}. Mean ITL {} / {} / {} ms. "
+     "Descriptors per {}-block transfer (D's KV metrics): stock {}, shim {} (with the descriptor ordering), BLNHC {}; "
+     "vLLM's average KV transfer time per request {} / {} / {} ms",
+     lambda: (cell(B33, "native", 64, 10240)["reps"],
+              cell(B33, "stock", 64, 10240)["reps"] - cell(B33, "native", 64, 10240)["reps"],
+              pm(cell(B33, "stock", 64, 10240)), span(cell(B33, "stock", 64, 10240)["mean_ttft_ms"]),
+              pm(cell(B33, "shim", 64, 10240)), span(cell(B33, "shim", 64, 10240)["mean_ttft_ms"]),
+              ratio(ttft(cell(B33, "stock", 64, 10240)), ttft(cell(B33, "shim", 64, 10240))),
+              pm(cell(B33, "native", 64, 10240)), span(cell(B33, "native", 64, 10240)["mean_ttft_ms"]),
+              cell(B33, "native", 64, 10240)["reps"],
+              ratio(ttft(cell(B33, "stock", 64, 10240)), ttft(cell(B33, "native", 64, 10240))),
+              *[f1(itl(cell(B33, c, 64, 10240))) for c in ("stock", "shim", "native")],
+              f0(cell(B33, "stock", 64, 10240)["kv_xfer"]["blocks_per_transfer"][0]),
+              span(cell(B33, "stock", 64, 10240)["descriptors_per_transfer"]),
+              "%s–%s" % (f1(min(cell(B33, "shim", 64, 10240)["descriptors_per_transfer"])),
+                         f0(max(cell(B33, "shim", 64, 10240)["descriptors_per_transfer"]))),
+              span(cell(B33, "native", 64, 10240)["descriptors_per_transfer"]),
+              *[span(xfer(cell(B33, c, 64, 10240))) for c in ("stock", "shim", "native")])),
+    ("P/D mean TTFT, vLLM 0.33.0 (torch 2.14 bundle, Model Runner V2, FLASH_ATTN), 2×H200, {} × {} tokens",
+     lambda: (cell(B33, "stock", 64, 10240)["num_prompts"], cell(B33, "stock", 64, 10240)["input_len"])),
+    # 0.26.0, fragmented free queue
+    ("P/D mean TTFT, vLLM 0.26.0, 2×H200, {} × {} tokens, **fragmented** free queue ({} mixed-length requests first), "
+     "{} reps",
+     lambda: (cell(FRAG, "shim", 64, 10240, "fragmented")["num_prompts"], 10240,
+              int(re.search(r"--num-prompts (\d+)", next(c for c in load(FRAG)["commands"] if "--random-input-len 2048" in c)).group(1)),
+              cell(FRAG, "shim", 64, 10240, "fragmented")["reps"])),
+    ("P alone (`prefill_only`, `max_tokens=1`) {} ms ({}); shim (with the descriptor ordering) {} ms ({}): "
+     "P/D overhead **{} ms**. D's KV metrics per {}-block transfer: {} descriptors (mean {}; goal ≤ 16), xfer {} ms "
+     "(mean {}; goal ≤ 8), post {} ms; mean ITL {} ms. The {} fragmenting transfers of {} MB (wire ≈ {} ms) took {} ms "
+     "on average too",
+     lambda: (pm(cell(FRAG, "prefill_only", 64, 10240, "fragmented")),
+              span(cell(FRAG, "prefill_only", 64, 10240, "fragmented")["mean_ttft_ms"]),
+              pm(cell(FRAG, "shim", 64, 10240, "fragmented")),
+              span(cell(FRAG, "shim", 64, 10240, "fragmented")["mean_ttft_ms"]),
+              f0(ttft(cell(FRAG, "shim", 64, 10240, "fragmented")) - ttft(cell(FRAG, "prefill_only", 64, 10240, "fragmented"))),
+              f0(cell(FRAG, "shim", 64, 10240, "fragmented")["kv_xfer"]["blocks_per_transfer"][0]),
+              span(cell(FRAG, "shim", 64, 10240, "fragmented")["descriptors_per_transfer"]),
+              f0(cell(FRAG, "shim", 64, 10240, "fragmented")["avg_descriptors_per_transfer"]),
+              span(xfer(cell(FRAG, "shim", 64, 10240, "fragmented")), f1),
+              f1(cell(FRAG, "shim", 64, 10240, "fragmented")["avg_xfer_ms"]),
+              span([x["post"] for x in frag_lines()[1]], f1),
+              span(cell(FRAG, "shim", 64, 10240, "fragmented")["mean_itl_ms"], f1),
+              frag_lines()[0]["n"], f0(frag_lines()[0]["mb"]), f1(wire_ms_for(frag_lines()[0]["mb"])),
+              f1(frag_lines()[0]["xfer"]))),
+    ("`stock` and `shim-keep-order` in this state were not run",
+     lambda: () if {c["config"] for c in load(FRAG)["cells"]} == {"prefill_only", "shim"} else ("(they are in the file)",)),
+    # equivalence after a fragmenting load
+    ("prefix caching off, {} mixed-length requests through each pair before the checked prompts",
+     lambda: (eq(EQ_FRAG)["fragment_prompts"],) if "--no-enable-prefix-caching" in eq(EQ_FRAG)["serve_args"] else ("?",)),
+    ("(`EQ_FRAGMENT={}`) | **{}**: token ids identical for local:stock, pd:stock, local:shim, pd:shim at {} tokens; "
+     "P/D vs local max \\|Δlogprob\\| {} in each config, local:stock vs local:shim {}; {}. The shim's first reordered "
+     "transfer: {} pairs, {} runs in vLLM's order, {} after ordering; its {}-block probe moved {} descriptors ({} in a "
+     "fresh state on 0.29.0), stock {}. No negative control in this run",
+     lambda: (eq(EQ_FRAG)["fragment_prompts"], passed(EQ_FRAG), lengths(EQ_FRAG),
+              f0(max(lp(EQ_FRAG, c, "max_logprob_diff_pd_vs_local") for c in ("stock", "shim"))),
+              ("%.1e" % abs(lp(EQ_FRAG, "stock", "max_logprob_diff_local") - lp(EQ_FRAG, "shim", "max_logprob_diff_local"))
+               ).replace("e-07", "e-7"),
+              pulled_for_every_answer(EQ_FRAG),
+              *re.search(r"first reordered NIXL transfer: (\d+) descriptor pairs, (\d+) contiguous runs in vLLM's order, "
+                         r"(\d+) after ordering", read("experiments", "results", *EQ_FRAG_LOG.split("/"))).groups(),
+              f0(probe(EQ_FRAG, "shim")[0]), f0(probe(EQ_FRAG, "shim")[1]), f0(probe(EQ29, "shim")[1]),
+              f0(probe(EQ_FRAG, "stock")[1]))
+     if not eq(EQ_FRAG)["negative_control"] and identical_ids(EQ_FRAG, "local:stock", "pd:stock", "local:shim", "pd:shim")
+     else ("a negative control or a mismatch",) * 15),
+    # the wire
+    ("one request's KV bytes ({} GiB) GPU0 → GPU1, `torch` copy over NVLink, {} copies | median {} ms ({}), {} GB/s: "
+     "vLLM's xfer time above is {}× it",
+     lambda: (f2(load(WIRE)["bytes"] / 2 ** 30), load(WIRE)["reps"], f2(load(WIRE)["median_ms"]),
+              span(load(WIRE)["ms"], f2), f0(load(WIRE)["gb_s"]),
+              f1(cell(FRAG, "shim", 64, 10240, "fragmented")["avg_xfer_ms"] / load(WIRE)["median_ms"]))),
+    # the allocation-order simulation
+    ("descriptors per {}-block transfer, vLLM 0.26.0's real `BlockPool` on both sides with a model scheduler "
+     "(`experiments/probes/alloc_order_sim.py`, CPU, {} reps per row) | fresh: vLLM's order {} (the GPU measured {} for "
+     "the shim without ordering), ascending order {}. Fragmented: ascending order {} with prefix-cache hashes on both "
+     "sides, {} when one or both sides' freed blocks carry none (the GPU measured {}: between the two); ascending "
+     "*allocation* on both sides {} in all four cases; distinct block runs per request are {} on D and {} on P, so no "
+     "order reaches 16",
+     lambda: (load(SIM)["runs"]["fresh"]["policies"]["vllm_allocation"][0]["requests"][0]["blocks"],
+              load(SIM)["runs"]["fresh"]["params"]["reps"],
+              span(sim_means("fresh", "vllm_allocation", "vllm_order_mean")),
+              span(cell(B26, "shim", 64, 10240)["descriptors_per_transfer"]),
+              span(sim_means("fresh", "vllm_allocation", "transfer_order_mean"), f1),
+              span(sim_means("fragmented", "vllm_allocation", "transfer_order_mean")),
+              span(sim_no_hash()),
+              span(cell(FRAG, "shim", 64, 10240, "fragmented")["descriptors_per_transfer"])
+              if max(sim_means("fragmented", "vllm_allocation", "transfer_order_mean"))
+              < min(cell(FRAG, "shim", 64, 10240, "fragmented")["descriptors_per_transfer"])
+              <= max(cell(FRAG, "shim", 64, 10240, "fragmented")["descriptors_per_transfer"]) < min(sim_no_hash())
+              else "(not between them)",
+              span(sim_fragmented("sorted_allocation", "transfer_order_mean")),
+              span(sim_fragmented("vllm_allocation", "runs_d_mean") + sim_fragmented("sorted_allocation", "runs_d_mean")),
+              span(sim_fragmented("vllm_allocation", "runs_p_mean") + sim_fragmented("sorted_allocation", "runs_p_mean")))
+     if min(sim_fragmented("vllm_allocation", "transfer_order_mean")
+            + sim_fragmented("sorted_allocation", "transfer_order_mean")) > 16 else ("an order that reaches 16",) * 13),
+    # one shared H200
+    ("P alone, {} × {} fragmented: {} ms (2×H200: {}). P/D on the shared GPU is not a benchmark: `shim-keep-order`'s "
+     "first {} × {} rep had mean TTFT {} ms (median {}), because UCX moved each {} MB transfer between the two processes "
+     "in {} s alone and {} s under load ({} GB/s; 2×H200: {} ms)",
+     lambda: (64, 10240, per_rep(cell(ONE, "prefill_only", 64, 10240, "fragmented")["mean_ttft_ms"]),
+              per_rep(cell(FRAG, "prefill_only", 64, 10240, "fragmented")["mean_ttft_ms"]), 64, 10240,
+              *[re.sub(r"(\d)(\d{3})$", r"\1 \2", f0(float(re.search(r"%s TTFT \(ms\):\s+([\d.]+)" % k,
+                                                                      read("experiments", "results", *ONE_CONSOLE.split("/"))).group(1))))
+                for k in ("Mean", "Median")],
+              f0(shared_gpu_lines()[0][0]["mb"]),
+              span([x["xfer"] / 1000 for x in shared_gpu_lines()[0]], f1),
+              span([x["xfer"] / 1000 for x in shared_gpu_lines()[1]]),
+              span([x["thr"] / 1000 for x in shared_gpu_lines()[0]], f1),
+              span(xfer(cell(FRAG, "shim", 64, 10240, "fragmented"))))),
+    # the 0.15.1 backport
+    ("**{}**: token ids and top-{} logprobs identical for local:stock, pd:stock, local:shim, pd:shim at {} tokens (max "
+     "\\|Δlogprob\\| {}); negative control nc-shim (one received block shifted) detected: ids differ, max \\|Δlogprob\\| "
+     "{}; {}; {}-block probe: stock {} descriptors, shim {} per transfer. D's log: \"{}\"",
+     lambda: (passed(EQ15) if eq(EQ15)["logprob_pass"] and identical_ids(EQ15, "local:stock", "pd:stock", "local:shim", "pd:shim")
+              else "FAIL", eq(EQ15)["logprobs"], lengths(EQ15),
+              f0(max(lp(EQ15, c) for c in ("stock", "shim"))), "%.3f" % nc(EQ15), pulled_for_every_answer(EQ15),
+              f0(probe(EQ15, "stock")[0]), f0(probe(EQ15, "stock")[1]), f0(probe(EQ15, "shim")[1]),
+              log_has(EQ15_LOG, "registering one cross-layer KV tensor (10327, 8, 28, 2, 16, 128)"))),
+    # 0.33.0 TRITON_ATTN
+    ("`--attention-backend TRITON_ATTN`**, 2026-11-24, shim at 47974b8, 1×H100 (P and D share it), "
+     "`VLLM_BATCH_INVARIANT=1` | **{}**: ids and top-{} logprobs identical for local/pd × stock/shim (max "
+     "\\|Δlogprob\\| {}), nc-shim detected (ids differ, {}); the shim requested BLNHC; a {}-block transfer: {} "
+     "descriptors stock, {} with the shim",
+     lambda: (passed(TRITON) if eq(TRITON)["logprob_pass"] else "FAIL", eq(TRITON)["logprobs"],
+              f0(max(lp(TRITON, c) for c in ("stock", "shim"))), "%.3f" % nc(TRITON),
+              f0(probe(TRITON, "stock")[0]), f0(probe(TRITON, "stock")[1]), f0(probe(TRITON, "shim")[1]))
+     if log_has(TRITON_LOG, "requests KV cache layout BLNHC") else ()),
+    # one shared H100, 0.33.0
+    ("vLLM 0.33.0, 1×H100, {} × {} tokens, fresh, {} reps, 2026-11-24 (P's and D's compute compete: not comparable with "
+     "two-GPU cells) | P alone (`prefill_only`) {} ms ({}); shim P/D {} ms ({}): P/D overhead **{} ms** (2×H200, "
+     "{} × {} fragmented: {} ms). The proxy's split (reps 1–2): P's answer {} ms, D's first token after it {} ms, of "
+     "which NIXL's xfer time (post → vLLM's check sees it done) {} ms for {} MB transfers of {} blocks (descriptors per "
+     "transfer, averaged over a repetition's {} transfers: {} in rep 1, {} in rep 2; rep 3 recorded no transfer "
+     "metrics). So about {} ms of the handoff",
+     lambda: (8, 10240, cell(SH33, "shim", 8, 10240)["reps"],
+              pm(cell(SH33, "prefill_only", 8, 10240)), per_rep(cell(SH33, "prefill_only", 8, 10240)["mean_ttft_ms"]),
+              pm(cell(SH33, "shim", 8, 10240)), per_rep(cell(SH33, "shim", 8, 10240)["mean_ttft_ms"]),
+              f0(ttft(cell(SH33, "shim", 8, 10240)) - ttft(cell(SH33, "prefill_only", 8, 10240))), 64, 10240,
+              f0(ttft(cell(FRAG, "shim", 64, 10240, "fragmented")) - ttft(cell(FRAG, "prefill_only", 64, 10240, "fragmented"))),
+              f0(cell(SH33, "shim", 8, 10240)["avg_proxy_prefill_ms"]),
+              f0(cell(SH33, "shim", 8, 10240)["avg_proxy_decode_first_ms"]),
+              f0(cell(SH33, "shim", 8, 10240)["avg_xfer_ms"]),
+              f0(mean(cell(SH33, "shim", 8, 10240)["kv_xfer"]["avg_mb_per_transfer"])),
+              f0(mean(cell(SH33, "shim", 8, 10240)["kv_xfer"]["blocks_per_transfer"])),
+              f0(mean(cell(SH33, "shim", 8, 10240)["kv_xfer"]["num_transfers"])),
+              *[("%g" % x) if x is not None else "none" for x in cell(SH33, "shim", 8, 10240)["descriptors_per_transfer"][:2]],
+              # D's part outside the transfer, to the nearest 50 ms ("about")
+              f0(round((cell(SH33, "shim", 8, 10240)["avg_proxy_decode_first_ms"]
+                        - cell(SH33, "shim", 8, 10240)["avg_xfer_ms"]) / 50) * 50))
+     if cell(SH33, "shim", 8, 10240)["descriptors_per_transfer"][2] is None else ("rep 3 has metrics",) * 22),
+    # where the handoff goes
+    ("vLLM 0.26.0, shim, 1×H100 shared with cuda_ipc READs, {} × {}, fresh, {} reps, 2026-11-24 | mean TTFT {} ms ({}). "
+     "P's answer {} ms; D's {} ms: HTTP hop to D {}, D's ingress (tokenising, the hop to the engine core) {}, D's queue "
+     "until first scheduled (admission, blocks, read posted) {}, NIXL read {} ({} MB), read noticed + last token "
+     "computed {}",
+     lambda: (8, 10240, cell(SH26, "shim", 8, 10240)["reps"], pm(cell(SH26, "shim", 8, 10240)),
+              span(cell(SH26, "shim", 8, 10240)["mean_ttft_ms"]),
+              f0(cell(SH26, "shim", 8, 10240)["handoff_split_ms"]["p_answer"]),
+              f0(cell(SH26, "shim", 8, 10240)["avg_proxy_decode_first_ms"]),
+              *[f0(cell(SH26, "shim", 8, 10240)["handoff_split_ms"][k])
+                for k in ("d_frontend", "d_ingress", "d_queue", "kv_read")],
+              f0(mean(cell(SH26, "shim", 8, 10240)["kv_xfer"]["avg_mb_per_transfer"])),
+              f0(cell(SH26, "shim", 8, 10240)["handoff_split_ms"]["d_notice_first_token"]))),
+    # UCX between two processes on one GPU
+    ("nixl-cu12 {}, 2026-11-24, {} reps | {} × {} MiB ({} GB): median {} s ({} GB/s) with any `UCX_TLS`, because UCX "
+     "disables cuda_ipc get-zcopy without NVLink (\"{}\")",
+     lambda: (load(UCX)["calls"][0]["nixl"], span([len(r["ms"]) for r in ucx_runs(False) + ucx_runs(True)]),
+              ucx_run("default", "cross-layer")["descriptors"], f2(ucx_run("default", "cross-layer")["block_bytes"] / 2 ** 20),
+              f2(ucx_run("default", "cross-layer")["total_mb"] / 1000),
+              span([r["median_ms"] / 1000 for r in ucx_runs(False)], f2),
+              span([r["gb_per_s"] for r in ucx_runs(False)], f2),
+              "cuda-ipc get zcopy disabled as no nvlinks detected"
+              if "cuda-ipc get zcopy disabled as no nvlinks detected" in read("experiments", "results", UCX) else "?")),
+    ("With **`UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y`**: median {} ms (**{} GB/s**); {} × {} KiB: {} ms. Inside vLLM 0.15.1 "
+     "(P and D on the one GPU, same variable): a {} MB transfer {} → {} ms, equivalence {}",
+     lambda: (f2(ucx_run("get-zcopy", "cross-layer")["median_ms"]), f0(ucx_run("get-zcopy", "cross-layer")["gb_per_s"]),
+              ucx_run("get-zcopy", "stock")["descriptors"], f0(ucx_run("get-zcopy", "stock")["block_bytes"] / 1024),
+              f2(ucx_run("get-zcopy", "stock")["median_ms"]),
+              *zcopy_in_vllm(),
+              passed(EQ15_GZ))),
+    # decode speed under BHLNC
+    ("2×H200 (P TP 1 on GPU 0, D TP 1 on GPU 1), {}-token prompts, {} output tokens, FLASH_ATTN, {} reps",
+     lambda: (10240, cell(DC1, "shim", 10, 10240)["output_len"], cell(DC1, "shim", 10, 10240)["reps"])),
+    ("**one request at a time** ({} prompts per rep): mean ITL stock {} ms, shim {} (median ITL {} vs {}; p99 {} vs {}): "
+     "within stock's spread. Mean TTFT stock {} ms ({}), shim {} ms ({}); descriptors per {}-block transfer {} → {}. "
+     "**{} × {}**: stock mean ITL {} ms, vLLM's `BLNHC` {} (mean TTFT {} vs {} ms)",
+     lambda: (cell(DC1, "shim", 10, 10240)["num_prompts"],
+              per_rep(cell(DC1, "stock", 10, 10240)["mean_itl_ms"], f1), per_rep(cell(DC1, "shim", 10, 10240)["mean_itl_ms"], f1),
+              per_rep(cell(DC1, "stock", 10, 10240)["median_itl_ms"], f1), per_rep(cell(DC1, "shim", 10, 10240)["median_itl_ms"], f1),
+              per_rep(cell(DC1, "stock", 10, 10240)["p99_itl_ms"], f1), per_rep(cell(DC1, "shim", 10, 10240)["p99_itl_ms"], f1),
+              pm(cell(DC1, "stock", 10, 10240)), span(cell(DC1, "stock", 10, 10240)["mean_ttft_ms"]),
+              pm(cell(DC1, "shim", 10, 10240)), span(cell(DC1, "shim", 10, 10240)["mean_ttft_ms"]),
+              f0(cell(DC1, "shim", 10, 10240)["kv_xfer"]["blocks_per_transfer"][0]),
+              f0(cell(DC1, "stock", 10, 10240)["avg_descriptors_per_transfer"]),
+              f0(cell(DC1, "shim", 10, 10240)["avg_descriptors_per_transfer"]),
+              64, 10240,
+              per_rep(cell(DC64, "stock", 64, 10240)["mean_itl_ms"], f1), per_rep(cell(DC64, "native", 64, 10240)["mean_itl_ms"], f1),
+              per_rep(cell(DC64, "stock", 64, 10240)["mean_ttft_ms"]), per_rep(cell(DC64, "native", 64, 10240)["mean_ttft_ms"]))
+     if min(cell(DC1, "stock", 10, 10240)["mean_itl_ms"]) <= min(cell(DC1, "shim", 10, 10240)["mean_itl_ms"])
+     and max(cell(DC1, "shim", 10, 10240)["mean_itl_ms"]) <= max(cell(DC1, "stock", 10, 10240)["mean_itl_ms"])
+     else ("outside stock's spread",) * 21),
+    ("the shim's cell was not measured (the call's {} s limit stopped it in its first repetition)",
+     lambda: (re.search(r"decode c64 bench \(.*timeout (\d+) \.\.\. bench\) \| rc 124",
+                        read("experiments", "results", *DC_CALLS.split("/"))).group(1),)
+     if not any(c["config"] == "shim" for c in load(DC64)["cells"]) else ("(it is in the file)",)),
+    # 4×H200
+    ("P/D mean TTFT, vLLM 0.26.0, 4×H200 (P and D on one GPU each), {} × {} tokens, {} reps | stock {} ms, shim {} ms: {}",
+     lambda: (64, 10240, cell(B4, "stock", 64, 10240)["reps"], pm(cell(B4, "stock", 64, 10240)), pm(cell(B4, "shim", 64, 10240)),
+              ratio(ttft(cell(B4, "stock", 64, 10240)), ttft(cell(B4, "shim", 64, 10240))))),
+    # the descriptors of the 100-block probe
+    ("NIXL descriptors per transfer of a {}-block probe request (decode log) | 0.21.0: stock {} → shim {} (native {}); "
+     "0.26.0: stock {} → shim {}; 0.33.0 (1×H200): stock {} → shim {} (`VLLM_KV_CACHE_LAYOUT=BLNHC` without the shim: "
+     "{}); 0.29.0 (1×H200, shim with the descriptor ordering): stock {} → shim {}, shim with D on Ray {}, BLNHC without "
+     "the shim {}",
+     lambda: (f0(probe(EQ21, "stock")[0]),
+              *[f0(probe(name, c)[1]) for name, c in ((EQ21, "stock"), (EQ21, "shim"), (EQ21, "native"), (EQ26, "stock"),
+                                                      (EQ26, "shim"), (EQ33, "stock"), (EQ33, "shim"), (EQ33N, "native"),
+                                                      (EQ29, "stock"), (EQ29, "shim"), (EQ29R, "shim-ray"),
+                                                      (EQ29R, "native"))])),
+    # CPU descriptor bench
+    ("CPU: same KV bytes, real NIXL/UCX (CMA), {} blocks, median of {} | Qwen3-0.6B shape: {} descs {} ms → {} descs {} ms "
+     "({}); Llama-3-8B shape: {} → {} descs, {} → {} ms ({})",
+     lambda: (load(DESC)["models"]["qwen3-0.6b"]["blocks_per_transfer"], load(DESC)["runs"],
+              load(DESC)["models"]["qwen3-0.6b"]["configs"]["stock"]["descriptors_per_transfer"],
+              f0(load(DESC)["models"]["qwen3-0.6b"]["configs"]["stock"]["median_ms"]),
+              load(DESC)["models"]["qwen3-0.6b"]["configs"]["xlkv"]["descriptors_per_transfer"],
+              f0(load(DESC)["models"]["qwen3-0.6b"]["configs"]["xlkv"]["median_ms"]),
+              f1(load(DESC)["models"]["qwen3-0.6b"]["stock_over_xlkv"]) + "×",
+              load(DESC)["models"]["llama-3-8b"]["configs"]["stock"]["descriptors_per_transfer"],
+              load(DESC)["models"]["llama-3-8b"]["configs"]["xlkv"]["descriptors_per_transfer"],
+              f0(load(DESC)["models"]["llama-3-8b"]["configs"]["stock"]["median_ms"]),
+              f0(load(DESC)["models"]["llama-3-8b"]["configs"]["xlkv"]["median_ms"]),
+              f1(load(DESC)["models"]["llama-3-8b"]["stock_over_xlkv"]) + "×")),
+    # start-up
+    ("interpreter start-up (`python -c pass`, median of {}) | no shim {} ms, shim installed + flag off {} ms (round "
+     "medians overlap: {} vs {} ms), flag on {} ms",
+     lambda: (len(load(STARTUP)["raw_ms"]["no_shim"]), f1(startup("no_shim")), f1(startup("shim_flag_off")),
+              span(load(STARTUP)["round_medians_ms"]["no_shim"], f1),
+              span(load(STARTUP)["round_medians_ms"]["shim_flag_off"], f1), f1(startup("shim_flag_on")))),
+
+    # ---- the prose below the table
+    ("temperature 0, prompts of {} to {} tokens, {} output tokens each",
+     lambda: (min(eq(EQ33)["prompt_lengths"]), max(eq(EQ33)["prompt_lengths"]), eq(EQ33)["max_tokens"])),
+    ("the token ids of every run against local prefill on D of the first config (stock); the chosen token's logprob and "
+     "the top-{} logprobs", lambda: (eq(EQ33)["logprobs"],)),
+    ("on {} the shim runs Model Runner V1 and stock V2, which differ by {} ulp ({}) at one position on 0.26.0 with "
+     "identical ids",
+     lambda: (releases_where("runner_v1"), 1 if float32_step(lp(EQ26L, "shim", "max_logprob_diff_local")) else "not 1",
+              "%.2e" % lp(EQ26L, "shim", "max_logprob_diff_local"))),
+    ("The model is random-weight with the Qwen3-0.6B shape ({} MiB KV blocks)",
+     lambda: (f2(eq(EQ33)["configs"]["stock"]["kv"]["bytes_per_block"] / 2 ** 20),)),
+    ("{} distinct ids in {} outputs per prompt in the 1×H200 runs below; transformers' default initialisation gave {} on CPU",
+     lambda: (span(distinct_ids(EQ33, EQ29, EQ26L)), eq(EQ33)["max_tokens"],
+              span([p["distinct"] for p in load(INIT)["hf"]["prompts"].values()]))),
+    ("`nc-stock` and `nc-shim` (off-by-one) were reported FAIL with different ids at all {} prompts (max |Δlogprob| {} and {})",
+     lambda: (len(eq(EQ26L)["prompt_lengths"]) if all(
+                 len(r["problems"]) == len(eq(EQ26L)["prompt_lengths"]) for r in eq(EQ26L)["runs"] if r["negative_control"])
+              else "not all", f2(nc(EQ26L, "nc-stock")), f2(nc(EQ26L, "nc-shim")))),
+    # 0.33.0 with logprobs
+    ("token ids identical, logprobs identical (max |Δ| {}, P/D vs local and shim vs stock), KV pulled for every P/D answer "
+     "({} blocks), descriptors per block {} (stock) → {} (shim), nc-shim detected: **{}**",
+     lambda: (f0(max(lp(EQ33, c, k) for c in ("stock", "shim") for k in ("max_logprob_diff", "max_logprob_diff_pd_vs_local"))),
+              span([v for c in ("stock", "shim") for v in eq(EQ33)["configs"][c]["kv_blocks_per_prompt"].values()]),
+              per_block(EQ33, "stock"), per_block(EQ33, "shim"),
+              passed(EQ33) if eq(EQ33)["negative_control_pass"] and eq(EQ33)["logprob_pass"] else "FAIL")),
+    ("`NIXL registration: 1 region(s), … cross-layer layout, block lengths [{}]`",
+     lambda: (re.search(r"NIXL registration: 1 region\(s\), \d+ blocks, cross-layer layout, block lengths \[(\d+)\]",
+                        read("experiments", "results", *EQ33_LOG.split("/"))).group(1),)),
+    ("the same {} × {} ids, {} descriptor per block, P/D vs local exact",
+     lambda: (len(eq(EQ33N)["prompt_lengths"]), eq(EQ33N)["max_tokens"], per_block(EQ33N, "native"))
+     if identical_ids(EQ33N, "local:native", "pd:native") and eq(EQ33N)["token_ids"]["pd:native"] == eq(EQ33)["token_ids"]["local:stock"]
+     and lp(EQ33N, "native", "max_logprob_diff_pd_vs_local") == 0 else ("other ids",) * 3),
+    # 0.29.0
+    ("token ids and logprobs identical (max |Δ| {}), KV pulled for every P/D answer, nc-shim detected (different ids, "
+     "max |Δlogprob| {}): **{}**",
+     lambda: (f0(max(lp(EQ29, c, k) for c in ("stock", "shim") for k in ("max_logprob_diff", "max_logprob_diff_pd_vs_local"))),
+              f2(nc(EQ29)), passed(EQ29) if eq(EQ29)["negative_control_pass"] and eq(EQ29)["logprob_pass"] else "FAIL")),
+    ("same ids as local:native, P/D vs local exact: **{}**",
+     lambda: (passed(EQ29R) if identical_ids(EQ29R, "pd:native", "local:shim-ray", "pd:shim-ray")
+              and all(lp(EQ29R, c, "max_logprob_diff_pd_vs_local") == 0 for c in ("native", "shim-ray")) else "FAIL",)),
+    ("`NIXL registration: {} region(s), {} blocks, cross-layer layout` (`logs-2026-11-23-s6/0.29-call22-eq-shim-ray-d.log`); "
+     "D's probe: {} descriptors for {} blocks, as without Ray",
+     lambda: (*re.search(r"\(RayWorkerProc pid=\d+\)\S* \(Worker pid=\d+\) .*NIXL registration: (\d+) region\(s\), (\d+) "
+                         r"blocks, cross-layer layout", read("experiments", "results", *RAY_LOG.split("/"))).groups(),
+              f0(probe(EQ29R, "shim-ray")[1]) if probe(EQ29R, "shim-ray") == probe(EQ29, "shim") else "other",
+              f0(probe(EQ29R, "shim-ray")[0]))),
+    ("every config's transfers ran at {} GB/s",
+     lambda: (span([eq(n)["configs"][c]["kv"]["throughput_mb_s"] / 1000 for n in (EQ29, EQ29R, EQ33, EQ33N)
+                    for c in eq(n)["configs"] if "kv" in eq(n)["configs"][c]], f1),)),
+    # 0.26.0
+    ("ids identical for local/P/D stock and shim; P/D vs local exact for both (max |Δ| {}); local shim vs local stock {} "
+     "(V1 vs V2 runner, see above); descriptors {} → {}; nc-stock and nc-shim detected: **{}**",
+     lambda: (f0(max(lp(EQ26L, c, "max_logprob_diff_pd_vs_local") for c in ("stock", "shim"))),
+              "%.2e" % lp(EQ26L, "shim", "max_logprob_diff_local"), per_block(EQ26L, "stock"), per_block(EQ26L, "shim"),
+              passed(EQ26L) if eq(EQ26L)["negative_control_pass"] else "FAIL")),
+    ("a first run with the checker comparing every run's logprobs against stock's local run reported that {} ulp as FAIL",
+     lambda: (1 if float32_step(lp(RUN1, "shim", "max_logprob_diff_local")) and not load(RUN1)["pass"]
+              and load(RUN1)["logprob_problems"] and all("%.2e" % lp(RUN1, "shim", "max_logprob_diff_local") in p
+                                                         for p in load(RUN1)["logprob_problems"]) else "?",)),
+    # earlier results
+    ("local prefill, P/D stock, local shim and P/D shim all identical, descriptors {} → {} per block: **{}**",
+     lambda: (per_block(EQ26, "stock"), per_block(EQ26, "shim"),
+              passed(EQ26) if identical_ids(EQ26, "pd:stock", "local:shim", "pd:shim") else "FAIL")),
+    ("local prefill, P/D stock, local shim, P/D shim, local and P/D with vLLM's own opt-in all identical: **{}**",
+     lambda: (passed(EQ21) if identical_ids(EQ21, "pd:stock", "local:shim", "pd:shim", "local:native", "pd:native")
+              else "FAIL",)),
+    ("vLLM 0.21.0, TP 2 → 2 (4×H200): local prefill, P/D stock and P/D shim all identical: **{}**",
+     lambda: (passed(TP22) if identical_ids(TP22, "pd:stock", "local:shim", "pd:shim") else "FAIL",)),
+    ("P/D shim is token-for-token identical to P/D stock; both differ from local TP-2 prefill at the {}-, {}- and "
+     "{}-token prompts",
+     lambda: tuple(sorted({int(re.match(r"len (\d+):", p).group(1)) for r in eq(TP12)["runs"]
+                           if r["label"] in ("pd:stock", "pd:shim") for p in r["problems"]}))
+     if eq(TP12)["pd_vs_pd_stock"] == {"pd:shim": []} else ("?",) * 3),
+    # heterogeneous TP on 0.33.0
+    ("the Gemma-3-shaped hybrid ({} KV cache groups), reference P/D stock at the same pairing: pd:shim identical to "
+     "pd:stock (ids and logprobs, max difference {}), negative control detected ({}), D registered {} → {} regions per "
+     "block id, {} → {} descriptors per {}-block-id transfer: **{}**",
+     lambda: (eq(GEMMA12)["configs"]["shim"]["kv_cache_groups"], f0(lp(GEMMA12, "shim")), "%.3f" % nc(GEMMA12),
+              regions(GEMMA12, "stock"), regions(GEMMA12, "shim"), f0(probe(GEMMA12, "stock")[1]),
+              f0(probe(GEMMA12, "shim")[1]), f0(probe(GEMMA12, "shim")[0]),
+              passed(GEMMA12) if eq(GEMMA12)["pd_vs_pd_stock"] == {"pd:shim": []} else "FAIL")),
+    ("pd:shim's token ids equal pd:stock's ({} ids at {} and {} tokens, the first {} at {}), both {} from local prefill "
+     "at the same position, negative control detected ({}), {} → {} descriptors per block",
+     lambda: (eq(DENSE12)["max_tokens"], *eq(DENSE12)["prompt_lengths"], len(first_ids(DENSE12_CONSOLE, "pd:shim", 5)),
+              "/".join(str(n) for n in (5, 100, 1000, 2049)
+                       if first_ids(DENSE12_CONSOLE, "pd:shim", n) == first_ids(DENSE12_CONSOLE, "pd:stock", n)),
+              "%.5f" % lp(DENSE12, "shim"), "%.3f" % nc(DENSE12), per_block(DENSE12, "stock"), per_block(DENSE12, "shim"))
+     if all(eq(DENSE12)["token_ids"]["pd:shim"][k] == eq(DENSE12)["token_ids"]["pd:stock"][k]
+            for k in eq(DENSE12)["token_ids"]["pd:shim"])
+     and lp(DENSE12, "shim") == lp(DENSE12, "stock")
+     and [r["max_logprob_diff_at"] for r in eq(DENSE12)["runs"] if r["label"] == "pd:shim"]
+     == [r["max_logprob_diff_at"] for r in eq(DENSE12)["runs"] if r["label"] == "pd:stock"] else ("?",) * 10),
+    ("could not pair the stock and shim runs ({} vs {} lengths)",
+     lambda: tuple(int(x) for x in re.search(r"different number of prompts: (\d+) vs (\d+)",
+                                             " ".join(eq(DENSE12)["pd_vs_pd_stock"]["pd:shim"])).groups())),
+    ("stock only, {} descriptors per {}-block transfer ({} per block: {} layers from each of the two prefill ranks), D "
+     "registered {} regions per block id (LBHNC)",
+     lambda: (f0(probe(DENSE21, "stock")[1]), f0(probe(DENSE21, "stock")[0]), per_block(DENSE21, "stock"),
+              regions(DENSE21, "stock") if probe(DENSE21, "stock")[1] / probe(DENSE21, "stock")[0]
+              == 2 * regions(DENSE21, "stock") else "?", regions(DENSE21, "stock"))),
+    # model families
+    ("with vLLM 0.33.0 a DeepSeek-V2-shaped MLA model ({} → {} descriptors per block, as vLLM's own `BLNHC`), a "
+     "Gemma-3-shaped hybrid ({} KV cache groups, {} → {} per block id, as `BLNHC`) and a one-KV-head (MQA) Qwen3-0.6B "
+     "shape ({} → {}, where vLLM's own `BLNHC` stays at {}): P/D output identical to stock P/D (and to P/D with `BLNHC`), "
+     "negative control detected",
+     lambda: (regions(MLA33, "stock"), regions(MLA33, "shim") if regions(MLA33, "native") == regions(MLA33, "shim") else "?",
+              eq(GEMMA33)["configs"]["shim"]["kv_cache_groups"], regions(GEMMA33, "stock"),
+              regions(GEMMA33, "shim") if regions(GEMMA33, "native") == regions(GEMMA33, "shim") else "?",
+              regions(MQA33, "stock"), regions(MQA33, "shim"), regions(MQA33, "native"))
+     if all(eq(n)["pass"] and eq(n)["negative_control_pass"] for n in (MLA33, GEMMA33, MQA33)) else ("?",) * 8),
+    ("the MLA model with TRITON_MLA and FLASHMLA ({} → {} per block) and the Gemma-3-shaped hybrid ({} → {} per block id",
+     lambda: (regions(MLA26_TRITON, "stock-v1"), regions(MLA26_TRITON, "shim") if regions(MLA26_FLASHMLA, "shim")
+              == regions(MLA26_TRITON, "shim") and regions(MLA26_FLASHMLA, "stock-v1") == regions(MLA26_TRITON, "stock-v1")
+              else "?", regions(GEMMA26, "stock-v1"), regions(GEMMA26, "shim"))
+     if all(eq(n)["pass"] and eq(n)["negative_control_pass"] for n in (MLA26_TRITON, MLA26_FLASHMLA, GEMMA26))
+     else ("?",) * 4),
+    ("differs from both by one float32 step in the MLA logprobs, {}, ids the same: the runner's difference, also seen on "
+     "an H200 with FLASH_ATTN_MLA",
+     lambda: ("%.2e" % eq(MLA26_TRITON)["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"],)
+     if float32_step(eq(MLA26_TRITON)["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"])
+     and lp(MLA26_H200, "shim") == eq(MLA26_TRITON)["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"]
+     else ("?",)),
+    ("identical to local prefill except the {}-token prompt, where every P/D run, **stock included**, diverges at output "
+     "token {}",
+     lambda: tuple({(int(m.group(1)), int(m.group(2))) for name in (EQ21_DEFAULT, EQ26_DEFAULT)
+                    for p in eq(name)["mismatches"] for m in [re.search(r"len (\d+): first difference at output position (\d+)", p)]}
+                   .pop() if len({p.split(": ", 1)[1] for name in (EQ21_DEFAULT, EQ26_DEFAULT) for p in eq(name)["mismatches"]}) == 1
+                   and any("pd:stock" in p for p in eq(EQ21_DEFAULT)["mismatches"]) else ("?", "?"))),
+    # Model Runner V1 on 0.22–0.28
+    ("## Model Runner V1 on {} On {} the shim forces Model Runner V1",
+     lambda: (releases_where("runner_v1"), releases_where("runner_v1"))),
+    ("At {} tokens on 0.26.0 one run showed the V1 runner's decode steps slower (ITL {} vs {} ms, TTFT {}) and a "
+     "{}-repetition rerun did not (ITL {} vs {} ms, TTFT {})",
+     lambda: (1024, f0(itl(cell(B26, "shim", 128, 1024))), f0(itl(cell(B26, "stock", 128, 1024))),
+              ratio(ttft(cell(B26, "stock", 128, 1024)), ttft(cell(B26, "shim", 128, 1024))),
+              cell(B26R, "shim", 128, 1024)["reps"], f1(itl(cell(B26R, "shim", 128, 1024))),
+              f1(itl(cell(B26R, "stock", 128, 1024))),
+              ratio(ttft(cell(B26R, "stock", 128, 1024)), ttft(cell(B26R, "shim", 128, 1024))))),
+]
+
+
+# --------------------------------------------------------------------------- docs/deploy.md
+
+DEPLOY = [
+    ("(2026-11-25, a {}-core CPU machine without Docker daemon, GPU or cluster)",
+     lambda: (re.match(r"(\d+)-core CPU", load(TWO_STOCK)["machine"]).group(1),)),
+    ("fails the build when the image's vLLM is outside {} or a patch target",
+     lambda: (releases.RELEASES[0].release + "–" + releases.RELEASES[-1].release,)),
+    ("one GPU each, each with a Service on port {}",
+     lambda: (re.search(r"containerPort: (\d+)\}", read("deploy", "pd.yaml")).group(1),)),
+    ("whose every prefill and decode pod runs one TP size, on vLLM {} with a backend or model whose cross-layer blocks "
+     "cannot be sliced by KV heads",
+     lambda: (releases_where("mechanism", lambda m: m != "layout"),)),
+    ("`VLLM_NIXL_SIDE_CHANNEL_PORT` ({} here)",
+     lambda: (re.search(r"VLLM_NIXL_SIDE_CHANNEL_PORT, value: \"(\d+)\"", read("deploy", "pd.yaml")).group(1),)),
+    ("On a GPU: 0.29.0 with D on Ray, same result as without Ray",
+     lambda: () if eq(EQ29R)["pass"] and probe(EQ29R, "shim-ray") == probe(EQ29, "shim") else ("(not the same)",)),
+    ("a stock decode on {} is the exception below", lambda: (releases_where("recv_lookup"),)),
+    ("**vLLM {}, the order matters:**", lambda: (releases_where("recv_lookup"),)),
+    ("(each wheel {}.0–{}.0 looks the engine up for failed receives; {}.0–0.29.0 skip them)",
+     lambda: (*releases_where("recv_lookup").split("–"), releases_where("recv_lookup", False).split("–")[0])),
+    ("stock moves one descriptor per layer (and K/V half up to {}) per block",
+     lambda: (releases_where("kv_split").split("–")[1],)),
+    ("(Qwen3-0.6B, {}-block request, 0.29.0: {} → {};",
+     lambda: (f0(probe(EQ29, "stock")[0]), f0(probe(EQ29, "stock")[1]), f0(probe(EQ29, "shim")[1]))),
+    ("(P {}, D {}, each namespace with its own `lo`)",
+     lambda: (two(TWO_STOCK)["netns"]["addresses"]["p"], two(TWO_STOCK)["netns"]["addresses"]["d"])),
+    ("(vLLM's own failure log names `remote_host: {}`",
+     lambda: (re.search(r"'remote_host': '([\d.]+)'", json.dumps(two(TWO_DIES)) + json.dumps(two(TWO_STOCK))).group(1),)),
+    ("`--link-flap {}` then throttles P's end (tc tbf, {} kbit/s since 2026-11-26; the runs below were at {} Mbit/s, "
+     "which on a loaded machine once let a whole {} KiB read cross before the link went down), takes the veth down for "
+     "{} s once part of a read has crossed",
+     lambda: (f0(two(TWO_STOCK)["link_flap"]["down_s"]) if "--link-flap %d" % two(TWO_STOCK)["link_flap"]["down_s"]
+              in load(TWO_STOCK)["command"] else "?",
+              re.search(r'"--link-flap-rate", default="(\d+)kbit"', read("experiments", "cpu", "pdharness", "cli.py")).group(1),
+              {re.match(r"(\d+)mbit", two(n)["link_flap"]["rate"]).group(1) for n in (TWO_STOCK, TWO_XLKV)}.pop(),
+              block_bytes(TWO_STOCK, "reversed") // 1024, f0(two(TWO_STOCK)["link_flap"]["down_s"]))),
+    ("| 0.33.0 stock, two namespaces | bytes exact; NIXL descriptors {} for {} non-contiguous blocks, {} for {} descending "
+     "blocks (as on one host, compat-matrix.json); a flagged second prefill refused by vLLM's hash check "
+     "(`Remote: xlkv-cross-layer-KV-layout…`), its blocks invalid, D served on; link down after {} KB of a {} KiB read: "
+     "the read completed once the link was back ({} s), bytes exact, the next request exact |",
+     lambda: (two(TWO_STOCK)["cases"]["noncontig"]["nixl_descs"], len(two(TWO_STOCK)["cases"]["noncontig"]["local_block_ids"]),
+              two(TWO_STOCK)["cases"]["reversed"]["nixl_descs"]
+              if two(TWO_STOCK)["cases"]["reversed"]["nixl_descs"] == compat("reversed")["stock"] else "?",
+              len(two(TWO_STOCK)["cases"]["reversed"]["local_block_ids"]),
+              f0(two(TWO_STOCK)["link_flap"]["sent_before_down"] / 1000), block_bytes(TWO_STOCK, "reversed") // 1024,
+              f1(two(TWO_STOCK)["link_flap"]["recv_s"]))
+     if two_ok(TWO_STOCK, "Remote: xlkv-cross-layer-KV-layout") else ("?",) * 7),
+    ("| 0.33.0 `ENABLE_XLKV=true` both sides, two namespaces | cross-layer, bytes exact; NIXL descriptors {} for the {} "
+     "non-contiguous blocks, {} for the {} descending blocks (one host: {}); a stock second prefill refused by the shim "
+     "(`NIXL handshake refused … ENABLE_XLKV unset there`), its blocks invalid, D served on; link down after {} KB of the "
+     "read: completed once the link was back ({} s), bytes exact: the same outcome as stock; the next request exact |",
+     lambda: (two(TWO_XLKV)["cases"]["noncontig"]["nixl_descs"], len(two(TWO_XLKV)["cases"]["noncontig"]["local_block_ids"]),
+              two(TWO_XLKV)["cases"]["reversed"]["nixl_descs"], len(two(TWO_XLKV)["cases"]["reversed"]["local_block_ids"]),
+              compat("reversed")["xlkv"], f0(two(TWO_XLKV)["link_flap"]["sent_before_down"] / 1000),
+              f1(two(TWO_XLKV)["link_flap"]["recv_s"]))
+     if two(TWO_XLKV)["cross_layer"] and two_ok(TWO_XLKV, "ENABLE_XLKV unset there") else ("?",) * 7),
+    ("refused (hash mismatch), then the decode worker died: `KeyError: '{}'` in vLLM's `get_finished`",
+     lambda: (re.search(r"KeyError: '([\w-]+)'", two(TWO_DIES)["refused_peer"]["d_died"]).group(1),)
+     if "get_finished" in two(TWO_DIES)["refused_peer"]["d_died"] else ("?",)),
+    ("| the wheel in a fresh venv over vLLM {} and {} (`bash deploy/check_wheel_venv.sh <vllm-python>`) |",
+     lambda: tuple(sorted(load(WHEEL_VENV)["status"]))),
+    ("on every selected release (CI's: {}) where network namespaces can be made",
+     lambda: (", ".join(re.search(r'XLKV_TEST_VLLM-"([\d. ]+)"', read("tests", "run.sh")).group(1).split()),)),
+    ("`ENABLE_XLKV=true python -m xlkv_autopatch status`: exit {}, `\"ok\": {}`, the wheel's `.pth` active, every patch "
+     "target resolved",
+     lambda: (0 if "exit 0" in load(WHEEL_VENV)["note"] else "?",
+              "true" if all(s["ok"] is True and s["activation"]["sources"] == ["pth"]
+                            for s in load(WHEEL_VENV)["status"].values()) else "false")),
+]
+
+
+def compat(case):
+    [row] = [r for r in load("compat-matrix.json")["rows"] if r["vllm"] == "0.33.0"]
+    return row["merged_descriptors"][case]
+
+
+def two_ok(name, refused_words):
+    """Every case and the link-flap read byte-exact, the refused peer's blocks invalid with its words in the
+    errors, and the request after the flap exact."""
+    r = two(name)
+    ok = all(c["bytes_ok"] and c["ok"] for c in r["cases"].values()) and r["link_flap"]["bytes_ok"]
+    ok = ok and r["refused_peer"]["invalid_block_ids"] and any(refused_words in e for e in r["refused_peer"]["errors"])
+    return bool(ok and r["after_flap"]["bytes_ok"] and r["after_flap"]["ok"])
+
+
+CLAIMS = {"measurements.md": MEASUREMENTS, "deploy.md": DEPLOY}
+
+# Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
+#: code spans (`...`) that are file names, commands or settings, not results
+EXEMPT_CODE = [r"20\d\d-\d\d-\d\d|\.json|\.log|results/|-64blocks|python|\.py |kubectl|docker|rate\(|<version>",
+               r"^`[A-Z0-9_]+=[^`]*`$",          # a setting (VLLM_BATCH_INVARIANT=1, ...)
+               r"^`max_tokens=1`$",              # prefill_only's setting
+               r"^`xlkv_autopatch: NIXL registration: 1 region\(s\), N blocks"]  # the log line's shape
+EXEMPT = [
+    r"\]\([^)]*\)",                              # link targets
+    r"\b\d{4}-\d\d-\d\d\b",                      # dates
+    r"\b\d+\.\d+\.\d+\b",                        # releases and versions
+    r"(?<![\d.])0\.\d\d(?:–0\.\d\d(?![\d.]| GB)|\+)",  # release ranges (0.22–0.28, 0.17+)
+    r"\b(?:torch|wrapt) \d+\.\d+\b",
+    r"\b(?:at|commit|shim|from commit) [0-9a-f]{7}\b",
+    r"\d+×H[12]00", r"\bGPUs? \d+(?: and \d+)?",
+    r"\b(?:P |D )?TP \d+(?: → (?:D TP )?\d+)?",
+    r"Qwen3-0\.6B", r"Llama-3-8B", r"DeepSeek-V2", r"Gemma-3",
+    r"\bissue \d+ item \d+",
+    r"goal ≤ \d+",                               # targets, not results
+    r"exit 1 and a `problems` entry",            # status's exit code (its contract, tests/unit/test_status.py)
+    r"not required to be 0",                     # the checker's rule
+    r"\d+-GPU machine",
+    r'device log "\d\d:\d\d–\d\d:\d\d"',         # where in experiments/results/device-log.md
+    r"The 10240-token gain above",               # the rows above
+    r"## \d+\.", r"\bsections? \d+",              # deploy.md's section numbers
+]
+
+
+def _claim_text(template, fn):
+    vals = fn()
+    return template.format(*vals) if isinstance(vals, tuple) else template.format(vals)
+
+
+@pytest.mark.parametrize("doc,index", [pytest.param(d, i, id="%s:%d:%s" % (d, i, re.sub(r"\W+", "-", t[:32]).strip("-")))
+                                       for d, claims in CLAIMS.items() for i, (t, _) in enumerate(claims)])
+def test_the_figure_is_the_files(doc, index):
+    """The claim, filled from its files, is word for word in the doc."""
+    template, fn = CLAIMS[doc][index]
+    want = _claim_text(template, fn)
+    assert want in doc_text(doc), "docs/%s should say, as its results files do:\n  %s" % (doc, want)
+
+
+def uncovered(doc, text, claims):
+    """The numbers of ``text`` that lie in no claim's words and in no EXEMPT span."""
+    spans = []
+    for template, fn in claims:
+        want = _claim_text(template, fn)
+        spans += [(m.start(), m.end()) for m in re.finditer(re.escape(want), text)]
+    for pattern in EXEMPT:
+        spans += [(m.start(), m.end()) for m in re.finditer(pattern, text)]
+    spans += [(m.start(), m.end()) for m in re.finditer(r"`[^`]*`", text)
+              if any(re.search(p, m.group()) for p in EXEMPT_CODE)]
+    bad = []
+    for m in re.finditer(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?(?:e-?\d+)?", text):
+        if not any(a <= m.start() and m.end() <= b for a, b in spans):
+            bad.append("%s: %r in ...%s..." % (doc, m.group(), text[max(0, m.start() - 50):m.end() + 20]))
+    return bad
+
+
+@pytest.mark.parametrize("doc", sorted(CLAIMS))
+def test_every_figure_of_the_doc_is_a_claim(doc):
+    """A figure added to the doc without a claim here (or one the file no longer backs) is named."""
+    text = doc_text(doc)
+    bad = uncovered(doc, text, [c for c in CLAIMS[doc] if _claim_text(*c) in text])
+    assert bad == [], "figures no test compares with a file:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc,old,new", [("measurements.md", "(**1.70×**)", "(**1.71×**)"),
+                                         ("measurements.md", "max |Δlogprob| 0.41 and 0.30", "max |Δlogprob| 0.42 and 0.30"),
+                                         ("deploy.md", "link down after 77 KB", "link down after 78 KB")])
+def test_a_changed_figure_is_seen(doc, old, new):
+    """Planted in a copy of the text: one figure changed. Its claim no longer matches, and the changed number is
+    named as backed by no claim."""
+    text = doc_text(doc)
+    assert text.count(old) == 1, old
+    planted = text.replace(old, new)
+    missing = [t for t, fn in CLAIMS[doc] if _claim_text(t, fn) in text and _claim_text(t, fn) not in planted]
+    assert len(missing) == 1, missing
+    [number] = [b for a, b in zip(re.findall(r"\d+(?:\.\d+)?", old), re.findall(r"\d+(?:\.\d+)?", new)) if a != b]
+    assert any(repr(number) in b for b in uncovered(doc, planted, CLAIMS[doc])), number
