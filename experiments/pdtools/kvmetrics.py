@@ -255,14 +255,22 @@ def blocks_for_prompt(n_tokens, block_size=16):
     return math.ceil(n_tokens / block_size)
 
 
-def descriptor_limit(attn_backend, mla=False):
-    """What the shim promises per block (id): 1 on FLASH_ATTN (K and V in one block region) and
-    for MLA (one latent page per layer: a packed block row), at most 2 elsewhere (K and V
-    regions apart)."""
+def descriptor_limit(attn_backend, mla=False, source_ranks=1):
+    """What the shim promises per block (id) read by one decode rank: per prefill rank it reads from
+    (``source_ranks``: prefill TP / decode TP where prefill's is larger; each holds its own heads' slice),
+    1 on FLASH_ATTN (K and V in one block region), at most 2 elsewhere (K and V regions apart); MLA 1
+    (one latent page per layer, the same on every prefill rank: read from one)."""
     b = (attn_backend or "").upper()
     if mla or "MLA" in b:
         return 1.0
-    return 1.0 if "FLASH_ATTN" in b else 2.0
+    return (1.0 if "FLASH_ATTN" in b else 2.0) * max(1, int(source_ranks or 1))
+
+
+def source_ranks(tp_p, tp_d):
+    """How many prefill ranks one decode rank reads each block from: prefill TP / decode TP when the
+    prefill's is larger (each holds a slice of the KV heads), else 1."""
+    tp_p, tp_d = int(tp_p or 1), int(tp_d or 1)
+    return tp_p // tp_d if tp_p > tp_d else 1
 
 
 def kv_summary(kv, bytes_per_block):

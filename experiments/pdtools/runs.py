@@ -10,7 +10,7 @@ import sys
 
 from .client import http_text
 from .equivalence import equiv_run, render_equivalence, summarize_equivalence
-from .kvmetrics import attention_backend, blocks_for_prompt, descriptors_per_block, kv_run, load_registration, \
+from .kvmetrics import attention_backend, source_ranks, blocks_for_prompt, descriptors_per_block, kv_run, load_registration, \
     parse_prom
 
 
@@ -104,7 +104,8 @@ def summary_to_file(runs, probes, lengths, meta, out, logprob_tol=0.0, corruptio
     with ``meta`` merged in; written to ``out`` and printed.  Returns the summary."""
     probes = {cfg: {"kv": kv, "backend": (kv or {}).get("attn_backend")} for cfg, kv in probes.items()}
     s = summarize_equivalence(runs, probes, lengths, batch_invariant=meta.get("batch_invariant"),
-                              logprob_tol=logprob_tol, corruption=corruption, reference=reference)
+                              logprob_tol=logprob_tol, corruption=corruption, reference=reference,
+                              source_ranks=source_ranks(meta.get("tp_p"), meta.get("tp_d")))
     s.update(meta)
     with open(out, "w") as f:
         json.dump(s, f, indent=1, sort_keys=True)

@@ -321,6 +321,13 @@ def _run(label_lens, shift=0, lp_shift=0.0, kv=True, logprobs=True):
     return out
 
 
+def test_source_ranks_and_the_per_remote_rank_limit():
+    from pdtools.kvmetrics import descriptor_limit, source_ranks
+    assert [source_ranks(p, d) for p, d in ((1, 1), (2, 1), (4, 1), (4, 2), (1, 2), (1, 4))] == [1, 2, 4, 2, 1, 1]
+    assert descriptor_limit("FLASH_ATTN", source_ranks=2) == 2.0 and descriptor_limit("TRITON_ATTN", source_ranks=2) == 4.0
+    assert descriptor_limit("FLASH_ATTN", mla=True, source_ranks=2) == 1.0  # MLA: read from one prefill rank
+
+
 def test_equivalence_summary_pass_and_failures():
     lens = [5, 4097]
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
@@ -342,6 +349,12 @@ def test_equivalence_summary_pass_and_failures():
     probes["shim"]["kv"]["descriptors_per_block"] = 2.0  # allowed on TRITON_ATTN, not on FLASH_ATTN
     s = pdtools.summarize_equivalence(runs, probes, lens)
     assert s["equivalence_pass"] and s["descriptor_pass"] is False and not s["pass"]
+    # per block per remote rank: a decode rank reading from two prefill ranks (P TP 2 -> D TP 1) may move 2
+    s = pdtools.summarize_equivalence(runs, probes, lens, source_ranks=2)
+    assert s["descriptor_pass"] and s["configs"]["shim"]["limit"] == 2.0
+    probes["shim"]["kv"]["descriptors_per_block"] = 2.5
+    assert pdtools.summarize_equivalence(runs, probes, lens, source_ranks=2)["descriptor_pass"] is False
+    probes["shim"]["kv"]["descriptors_per_block"] = 2.0
     probes["shim"]["backend"] = "TRITON_ATTN"
     assert pdtools.summarize_equivalence(runs, probes, lens)["pass"]
     probes["shim"]["kv"] = {}  # no transfer seen at all: fail, not pass
