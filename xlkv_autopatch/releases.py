@@ -4,8 +4,9 @@ Everything release-dependent is derived from :data:`RELEASES` (read at call time
 
 * the supported range (:func:`supported_range`): the shim refuses other releases with the flag
   on, and ``python -m xlkv_autopatch status`` prints it;
-* the patch groups (:func:`xlkv_autopatch.patches.all_groups`): consecutive rows whose patch
-  targets agree form one group, named after its mechanism and first release;
+* the patch groups (:func:`xlkv_autopatch.patches.all_groups`): each patch module's targets say
+  which rows they are for (their ``when`` columns); consecutive rows whose patch targets agree
+  form one group, named after its mechanism and first release;
 * the behaviour facts the wrappers ask (:func:`xlkv_autopatch.facts.facts_for`);
 * the patch catalogue in docs/mechanism.md (:mod:`xlkv_autopatch.catalogue`).
 
@@ -162,6 +163,11 @@ class Release:
     @property
     def home(self):
         return HOMES[self.nixl]
+
+    @property
+    def hash_params(self):
+        """compute_nixl_compatibility_hash's parameters (HASH_PARAMS), None where it is no module function."""
+        return HASH_PARAMS.get(self.hash)
 
 
 def parse_table(table):

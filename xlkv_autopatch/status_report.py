@@ -284,6 +284,7 @@ def one_sided_hazard(f, state):
 
 def _collect_patches(out, resolve):
     from . import facts, patches, registry, versions
+    from .patches import _kvcached
     from .errors import XlkvError
 
     version = versions.vllm_version()
@@ -304,7 +305,7 @@ def _collect_patches(out, resolve):
         "sources": list(reg.state.sources),
         "applied": ["%s -> %s.%s" % a for a in reg.applied()],
     })
-    out["kvcached_flags"] = patches.kvcached_flags()  # a conflict only with the flag on
+    out["kvcached_flags"] = _kvcached.kvcached_flags()  # a conflict only with the flag on
     if version is not None and out["supported"]:
         f = facts.facts_for(version)
         out["runtime_refusals"] = runtime_refusals(f)
@@ -328,7 +329,7 @@ def _collect_patches(out, resolve):
             problems.append(_once_on(state) + str(e))
     if out["kvcached_flags"] and state == "on":
         try:
-            patches.refuse_kvcached()
+            _kvcached.refuse_kvcached()
         except XlkvError as e:
             problems.append(str(e))
     if version is not None and resolve and out["supported"]:

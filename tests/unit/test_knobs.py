@@ -78,7 +78,7 @@ def test_no_module_reads_a_knob_of_its_own_outside_flag_py():
                 for m in pattern.finditer(open(path).read()):
                     readers.setdefault(os.path.relpath(path, PKG), set()).add(m.group(1))
     assert readers == {}, readers  # flag.py and versions.py read them through a name, not a literal
-    assert "truthy(os.environ.get(f))" in open(os.path.join(PKG, "patches", "__init__.py")).read()  # kvcached's own
+    assert "truthy(os.environ.get(f))" in open(os.path.join(PKG, "patches", "_kvcached.py")).read()  # kvcached's own
 
 
 @pytest.mark.parametrize("bad", [{"XLKV_COALESCE": "garbage"}, {"XLKV_STRICT": "2"}])

@@ -8,7 +8,8 @@ import pytest
 from xlkv_autopatch import facts, layout, logs
 from xlkv_autopatch.errors import XlkvError, XlkvMismatchError, XlkvRegistrationError
 from xlkv_autopatch.patches import (_state, block_count, compat_hash, cross_layer_preference, handshake,
-                                    kv_cache_layout, model_runner, multi_connector, refuse_kvcached)
+                                    kv_cache_layout, model_runner, multi_connector)
+from xlkv_autopatch.patches._kvcached import refuse_kvcached
 
 
 def ok(*args, **kwargs):

@@ -183,3 +183,110 @@ def test_the_product_never_imports_the_lab():
                     found[os.path.relpath(path, os.path.dirname(PKG))] = hits
     assert found == {}
     assert _lab_imports("import os\nfrom pdtools.gates import gate\n") == ["pdtools.gates"]  # the check sees one
+
+
+# ---------------------------------------------------------------------- patch targets beside their wrappers
+
+
+def _patch_files():
+    folder = os.path.join(PKG, "patches")
+    return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
+
+
+def test_every_patch_file_declares_its_own_targets():
+    """Issue 42 item 3: a patch module declares what it wraps (TARGETS, or ATTACHED for a wrapper placed at
+    run time) beside its wrappers; patches/__init__.py composes every module's."""
+    from xlkv_autopatch import patches
+    from xlkv_autopatch.specs import Attached, Target
+
+    assert sorted(m.__name__.rsplit(".", 1)[-1] for m in patches.MODULES) == _patch_files()
+    names, attached = set(), []
+    for module in patches.MODULES:
+        short = module.__name__.rsplit(".", 1)[-1]
+        targets, extra = getattr(module, "TARGETS", ()), getattr(module, "ATTACHED", ())
+        assert targets or extra, "%s declares no TARGETS or ATTACHED" % short
+        for t in targets:
+            assert isinstance(t, Target) and t.name.startswith(short + "."), (short, t)
+            assert t.wrapper.__module__ == module.__name__, (short, t.name, t.wrapper)  # its own wrapper
+            names.add(t.name)
+        assert all(isinstance(a, Attached) for a in extra)
+        attached += extra
+    assert attached and all(a.by in names for a in attached)
+
+
+def test_every_target_is_selected_by_release_table_columns():
+    """A target's ``when`` names columns of the release table and values they take, and selects at
+    least one row (the guard: every release)."""
+    from xlkv_autopatch import patches, releases
+
+    columns = releases.Release.__dataclass_fields__
+    for module in patches.MODULES:
+        for t in getattr(module, "TARGETS", ()):
+            for column, want in t.when:
+                assert column in columns, (t.name, column)
+                taken = {getattr(r, column) for r in releases.RELEASES}
+                assert set(want if isinstance(want, tuple) else (want,)) <= taken, (t.name, column, want, taken)
+            assert t.group == patches.GUARD or any(t.selects(r) for r in releases.RELEASES), t.name
+
+
+def test_patches_init_only_composes():
+    """patches/__init__.py builds no target and names no vLLM attribute or parameter: the modules do."""
+    tree = ast.parse(open(os.path.join(PKG, "patches", "__init__.py")).read())
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert not calls & {"Target", "PatchSpec"}, calls
+    keywords = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords}
+    assert not keywords & {"attr", "params", "owner", "wrapper", "kind"}, keywords
+
+
+def _bound_names(function):
+    """The parameter names each ``bind(args, kwargs, ...)`` call in ``function`` passes: string
+    literals, or ``*NAME`` of a tuple in the function's module."""
+    import inspect
+    import sys
+    import textwrap
+
+    module = sys.modules[function.__module__]
+    out = []
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(function)))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "bind":
+            names = []
+            for arg in node.args[2:]:
+                if isinstance(arg, ast.Starred):
+                    names.extend(getattr(module, arg.value.id))
+                else:
+                    names.append(arg.value)
+            out.append(tuple(names))
+    return out
+
+
+def _bind_mismatches(spec):
+    """Where ``spec``'s wrapper binds names other than its target's leading parameters (after
+    self/cls for a method): bind() falls back to positions, which the registry checks by ``params``."""
+    lead = tuple(p for p in (spec.params or ()) if p != "...")
+    if spec.kind in ("method", "classmethod"):
+        lead = lead[1:]
+    return [(spec.name, names, lead) for names in _bound_names(spec.wrapper)
+            if spec.params is None or names != lead[:len(names)]]
+
+
+def test_every_wrapper_binds_its_targets_leading_parameters():
+    """The positions bind() falls back to are the ones the registry checked (the params of the same
+    module's target), on every release."""
+    bound = set()
+    for g in all_groups():
+        for s in g.patches:
+            assert _bind_mismatches(s) == []
+            bound.update(s.name for _ in _bound_names(s.wrapper))
+    assert {"handshake.validate", "compat_hash.tag", "block_count.register_kv_caches"} <= bound
+
+
+def test_the_bind_check_sees_a_planted_mismatch():
+    from dataclasses import replace
+
+    from xlkv_autopatch.patches import handshake
+
+    spec = next(s for g in all_groups() for s in g.patches if s.name == "handshake.validate")
+    planted = replace(spec, params=("self", "remote_tp_rank", "nixl_agent_meta", "remote_tp_size", "..."))
+    assert _bind_mismatches(planted) == [("handshake.validate", handshake.VALIDATE_ARGS,
+                                          ("remote_tp_rank", "nixl_agent_meta", "remote_tp_size"))]
+    assert _bind_mismatches(replace(spec, params=None)) != []

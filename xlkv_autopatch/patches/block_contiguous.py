@@ -32,7 +32,11 @@ Removal
 """
 
 from .. import layout
+from ..specs import Target
 from . import _state
+
+#: vLLM 0.29+'s KV-cache layout enum (KVCacheLayout), whose head-slicing test this file wraps
+KV_CACHE_LAYOUT = "vllm.v1.kv_cache_layout"
 
 
 def contiguous_wrapper(wrapped, instance, args, kwargs):
@@ -40,3 +44,11 @@ def contiguous_wrapper(wrapped, instance, args, kwargs):
     if answer or not _state.head_slicing_now():
         return answer
     return getattr(instance, "name", None) == layout.HEADS_OUTERMOST_LAYOUT
+
+
+#: what this file wraps: KVCacheLayout.is_block_contiguous, on the KV-cache-layout releases (the release
+#: table's ``mechanism``), with their NIXL patch set
+TARGETS = (
+    Target(name="block_contiguous.heads_outermost", group="nixl", module=KV_CACHE_LAYOUT, owner="KVCacheLayout",
+           attr="is_block_contiguous", kind="property", wrapper=contiguous_wrapper, when={"mechanism": "layout"}),
+)

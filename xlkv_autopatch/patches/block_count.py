@@ -42,6 +42,7 @@ import traceback
 from .. import facts, layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once, logger
+from ..specs import NIXL_WORKER_CLASS, NIXL_WORKER_MODULE, Target
 from . import _state, transfer_order
 from ._args import bind
 
@@ -155,8 +156,12 @@ def _check_counts(instance, counts, f):
         _reconcile(instance, counts, f)
 
 
+#: register_kv_caches's parameters after self, bound by name
+REGISTER_ARGS = ("kv_caches",)
+
+
 def register_wrapper(wrapped, instance, args, kwargs):
-    (kv_caches,) = bind(args, kwargs, "kv_caches")
+    (kv_caches,) = bind(args, kwargs, *REGISTER_ARGS)
     f = facts.current()
     if isinstance(kv_caches, dict) and cross_layer_registration(instance, kv_caches, f):
         counts = region_block_counts(kv_caches)
@@ -197,3 +202,10 @@ def kv_cache_groups(worker):
     config = getattr(worker, "kv_cache_config", None) or getattr(worker, "_kv_cache_config", None)
     groups = getattr(config, "kv_cache_groups", None)
     return len(groups) if isinstance(groups, (list, tuple)) else None
+
+
+#: what this file wraps: the release's NIXL worker class's register_kv_caches, on every release
+TARGETS = (
+    Target(name="block_count.register_kv_caches", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
+           attr="register_kv_caches", kind="method", wrapper=register_wrapper, params=("self",) + REGISTER_ARGS),
+)

@@ -12,7 +12,7 @@ How
     sha256(stock_hash | "xlkv-cross-layer-v2")``: vLLM prints the remote hash in its own
     mismatch error, so even a peer without the shim (flag unset there) names the cause.
     One wrapper per hash signature (0.16-0.28 hash a ``cross_layers_blocks`` flag, 0.29+
-    the engine's KV layout), chosen in ``all_groups()``.  On 0.24-0.28 vLLM's packed
+    the engine's KV layout), chosen by the release table's ``hash`` column (``TARGETS``).  On 0.24-0.28 vLLM's packed
     multi-group registration hashes ``cross_layers_blocks=False`` (the stock hash); where xlkv
     turned that layout on (packed_kv_cache_config.py) the hash computed during the
     registration is tagged all the same.  Every hash a peer could send for this
@@ -34,8 +34,9 @@ Removal
     When upstream hashes the KV layout for every supported release.
 """
 
-from .. import layout
+from .. import layout, releases
 from ..logs import info_once
+from ..specs import NIXL_WORKER_MODULE, FromRow, Target
 from . import _state
 from ._args import bind
 
@@ -50,17 +51,22 @@ def _publish(stock, cross_layer, native=None, heads_outermost=False):
     return published
 
 
+#: the hash's leading parameters that flag_hash_wrapper binds by name (and sets, for both variants)
+FLAG_ARGS = ("vllm_config", "attn_backend_name", "cross_layers_blocks")
+#: the one layout_hash_wrapper binds
+LAYOUT_ARGS = ("vllm_config",)
+
+
 def flag_hash_wrapper(wrapped, instance, args, kwargs):
     """0.16-0.28: ``(vllm_config, attn_backend_name, cross_layers_blocks, ...)``."""
     # 0.24-0.28: vLLM's packed multi-group registration passes False; packed_kv_cache_config.py marks the
     # registration that xlkv turned on, so it is tagged like xlkv's cross-layer tensor
-    cross = bool(bind(args, kwargs, "vllm_config", "attn_backend_name", "cross_layers_blocks")[2]) \
-        or _state.packing_now()
+    cross = bool(bind(args, kwargs, *FLAG_ARGS)[2]) or _state.packing_now()
     variants = {}
     for flag in (False, True):
         a, k = list(args), dict(kwargs)
-        if "cross_layers_blocks" in k:
-            k["cross_layers_blocks"] = flag
+        if FLAG_ARGS[2] in k:
+            k[FLAG_ARGS[2]] = flag
         else:
             a[2] = flag
         variants[flag] = wrapped(*a, **k)
@@ -69,8 +75,22 @@ def flag_hash_wrapper(wrapped, instance, args, kwargs):
 
 def layout_hash_wrapper(wrapped, instance, args, kwargs):
     """0.29+: ``(vllm_config, attn_backend_name, transfer_mode)``; the layout is the engine's."""
-    (vllm_config,) = bind(args, kwargs, "vllm_config")
+    (vllm_config,) = bind(args, kwargs, *LAYOUT_ARGS)
     stock = wrapped(*args, **kwargs)
     resolved = vllm_config.cache_config.get_resolved_kv_cache_layout().name
     return _publish(stock, cross_layer=resolved in layout.WHOLE_ROW_LAYOUTS,
                     heads_outermost=resolved == layout.HEADS_OUTERMOST_LAYOUT)
+
+
+#: hash signatures (releases.HASH_PARAMS) with a cross_layers_blocks flag, and the others
+FLAG_HASHES = tuple(name for name, params in releases.HASH_PARAMS.items() if FLAG_ARGS[2] in params)
+LAYOUT_HASHES = tuple(name for name in releases.HASH_PARAMS if name not in FLAG_HASHES)
+
+#: what this file wraps: compute_nixl_compatibility_hash where the release has it as a module function of
+#: its NIXL worker module (the release table's ``hash`` column, whose parameters are checked before patching)
+_ON_WORKER_MODULE = dict(group="nixl", module=NIXL_WORKER_MODULE, owner=None, attr="compute_nixl_compatibility_hash",
+                         kind="function", params=FromRow("hash_params"))
+TARGETS = (
+    Target(name="compat_hash.tag", wrapper=flag_hash_wrapper, when={"hash": FLAG_HASHES}, **_ON_WORKER_MODULE),
+    Target(name="compat_hash.tag", wrapper=layout_hash_wrapper, when={"hash": LAYOUT_HASHES}, **_ON_WORKER_MODULE),
+)

@@ -43,6 +43,7 @@ import sys
 
 from .. import facts, families, layout
 from ..logs import info_once
+from ..specs import NIXL_CONNECTOR_MODULE, Target
 from . import _model, _state
 from ._config import spec_names
 from ._fallback import equal_tp, fallback
@@ -255,3 +256,20 @@ def backport_attribute(original, instance, owner):
         return original
     result = _backport_result(instance)
     return original if result is None else result
+
+
+#: what this file wraps: NixlConnector.prefer_cross_layer_blocks on the cross-layer-block releases (the
+#: release table's ``mechanism``): NIXL's own property on the native ones; on the backport ones the base
+#: class's attribute, overridden on NixlConnector itself, as it is there (the ``prefer`` column: a
+#: ClassVar[bool], or a property)
+_ON_CONNECTOR = dict(group="nixl", module=NIXL_CONNECTOR_MODULE, owner="NixlConnector",
+                     attr="prefer_cross_layer_blocks")
+TARGETS = (
+    Target(name="cross_layer_preference.native", kind="property", wrapper=native_wrapper,
+           when={"mechanism": "native"}, **_ON_CONNECTOR),
+    Target(name="cross_layer_preference.backport", kind="attribute", wrapper=backport_attribute, on_named_class=True,
+           when={"mechanism": "backport", "prefer": "classvar"}, **_ON_CONNECTOR),
+    Target(name="cross_layer_preference.backport", kind="property", wrapper=backport_property_wrapper,
+           on_named_class=True, when={"mechanism": "backport", "prefer": ("base-property", "property")},
+           **_ON_CONNECTOR),
+)

@@ -25,9 +25,13 @@ Removal
 from .. import layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once
+from ..specs import NIXL_CONNECTOR_MODULE, Target
 from . import _state
 from ._args import bind
 from ._config import spec_names
+
+#: register_cross_layers_kv_cache's parameters after self, bound by name
+REDIRECT_ARGS = ("kv_cache", "attn_backend")
 
 
 def _num_layers(connector, worker):
@@ -39,7 +43,7 @@ def _num_layers(connector, worker):
 
 
 def redirect_wrapper(wrapped, instance, args, kwargs):
-    kv_cache, attn_backend = bind(args, kwargs, "kv_cache", "attn_backend")
+    kv_cache, attn_backend = bind(args, kwargs, *REDIRECT_ARGS)
     wrapped(*args, **kwargs)  # the base class's no-op, kept in the call chain
     worker = instance.connector_worker
     if worker is None:
@@ -72,3 +76,12 @@ def redirect_wrapper(wrapped, instance, args, kwargs):
               "%d bytes per block) with NIXL", tuple(kv_cache.shape), num_layers, num_blocks, kernel_bs,
               kv_cache.numel() * kv_cache.element_size() // num_blocks)
     return worker.register_kv_caches({first_name or "xlkv.cross_layers": value})
+
+
+#: what this file wraps: NixlConnector's (inherited, no-op) register_cross_layers_kv_cache, overridden on
+#: NixlConnector itself, on the backport releases (the release table's ``mechanism``)
+TARGETS = (
+    Target(name="cross_layer_registration.redirect", group="nixl", module=NIXL_CONNECTOR_MODULE, owner="NixlConnector",
+           attr="register_cross_layers_kv_cache", kind="method", wrapper=redirect_wrapper,
+           params=("self",) + REDIRECT_ARGS, on_named_class=True, when={"mechanism": "backport"}),
+)

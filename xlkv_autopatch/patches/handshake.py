@@ -43,6 +43,7 @@ import re
 from .. import facts, layout
 from ..errors import XlkvMismatchError
 from ..logs import logger
+from ..specs import NIXL_WORKER_CLASS, NIXL_WORKER_MODULE, Target
 from . import _state
 from ._args import bind
 from ._config import NIXL_CONNECTORS
@@ -150,6 +151,8 @@ def handshake_wrapper(wrapped, instance, args, kwargs):
         raise XlkvMismatchError(
             "xlkv_autopatch: NIXL handshake refused: this %s engine runs %s; the remote engine runs %s. %s"
             % (_role(instance), ours, theirs, fix)) from err
+
+
 def finished_wrapper(wrapped, instance, args, kwargs):
     """0.12-0.21: complete the receives that failed (a refused or broken handshake) without vLLM's
     post-processing of received blocks, which looks up the remote engine a refused handshake
@@ -242,8 +245,13 @@ def _layout_refusal(instance, meta, cross, f):
         % (LOCAL_PER_LAYER, _local_cause(), regions, why, LOCAL_FIX))
 
 
+#: add_remote_agent's parameters after self that validate_wrapper binds by name (0.33 appends
+#: remote_dcp_size: more may follow)
+VALIDATE_ARGS = ("nixl_agent_meta", "remote_tp_rank", "remote_tp_size")
+
+
 def validate_wrapper(wrapped, instance, args, kwargs):
-    meta, _rank, remote_tp = bind(args, kwargs, "nixl_agent_meta", "remote_tp_rank", "remote_tp_size")
+    meta, _rank, remote_tp = bind(args, kwargs, *VALIDATE_ARGS)
     remote_tp = 1 if remote_tp is None else remote_tp  # the signature's default
     f = facts.current()
     cross = _state.is_cross_layer(instance)
@@ -292,3 +300,19 @@ def _hetero_tp(instance, f, local_tp, remote_tp):
     return layout.heterogeneous_tp_supported(
         cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost, whole_row_layout=False,
         packed_groups=_state.is_packed_groups(instance), replicated=replicated), False
+
+
+#: what this file wraps, on the release's NIXL worker class (NixlConnectorWorker up to 0.23,
+#: NixlBaseConnectorWorker from 0.24): add_remote_agent everywhere, get_finished where the worker has
+#: the one the shim wraps (the release table's ``finished``; it acts where ``recv_lookup``),
+#: _nixl_handshake where it compares a compatibility hash (``hs_hash``)
+TARGETS = (
+    Target(name="handshake.validate", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
+           attr="add_remote_agent", kind="method", wrapper=validate_wrapper,
+           params=("self",) + VALIDATE_ARGS + ("...",)),
+    Target(name="handshake.failed_recv", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
+           attr="get_finished", kind="method", wrapper=finished_wrapper, params=("self",), when={"finished": True}),
+    Target(name="handshake.explain_mismatch", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
+           attr="_nixl_handshake", kind="method", wrapper=handshake_wrapper,
+           params=("self", "host", "port", "remote_tp_size", "..."), when={"hs_hash": True}),
+)

@@ -37,9 +37,13 @@ import os
 
 from .. import layout
 from ..logs import info_once
+from ..specs import NIXL_CONNECTOR_MODULE, Target
 from . import _model, _state
 from ._args import bind
 from ._fallback import fallback
+
+#: get_required_kvcache_layout's parameters after cls, bound by name
+LAYOUT_ARGS = ("vllm_config",)
 
 
 def _exclusion(vllm_config):
@@ -75,7 +79,7 @@ def _kernel_split(vllm_config):
 
 def layout_wrapper(wrapped, cls, args, kwargs):
     stock = wrapped(*args, **kwargs)
-    (vllm_config,) = bind(args, kwargs, "vllm_config")
+    (vllm_config,) = bind(args, kwargs, *LAYOUT_ARGS)
     model = _model.decision(vllm_config)
     if model is None:  # vLLM warns itself ("Unable to detect current VLLM config")
         _state.note_stock_reason("no model config: NixlConnector requests no KV cache layout")
@@ -95,3 +99,12 @@ def layout_wrapper(wrapped, cls, args, kwargs):
     info_once("layout", "%s requests KV cache layout %s (%s; %s)", getattr(cls, "__name__", cls),
               model.layout, model.reason, decision.reason)
     return model.layout
+
+
+#: what this file wraps: NixlConnector's KV-cache layout request, on the KV-cache-layout releases (the
+#: release table's ``mechanism``)
+TARGETS = (
+    Target(name="kv_cache_layout.block_outermost", group="nixl", module=NIXL_CONNECTOR_MODULE, owner="NixlConnector",
+           attr="get_required_kvcache_layout", kind="classmethod", wrapper=layout_wrapper,
+           params=("cls",) + LAYOUT_ARGS, when={"mechanism": "layout"}),
+)

@@ -31,6 +31,8 @@ Removal
 
 from .. import registry, versions
 from ..errors import XlkvNotAttachedError, XlkvUnsupportedVersion
+from ..releases import CONNECTOR_FACTORY
+from ..specs import Target
 from ._config import NIXL_CONNECTORS
 
 
@@ -85,3 +87,11 @@ def factory_wrapper(wrapped, cls, args, kwargs):
     connector = wrapped(*args, **kwargs)
     check(connector)
     return connector
+
+
+#: what this file wraps: the connector factory, whatever the release (the ``guard`` set, registered for
+#: unsupported releases too)
+TARGETS = (
+    Target(name="kv_connector_factory.guard", group="guard", module=CONNECTOR_FACTORY, owner="KVConnectorFactory",
+           attr="create_connector", kind="classmethod", wrapper=factory_wrapper),
+)

@@ -30,6 +30,8 @@ Removal
 import os
 
 from ..logs import info_once
+from ..releases import VLLM_CONFIG
+from ..specs import Target
 from . import _model
 from ._config import uses_nixl
 from ._fallback import fallback
@@ -64,3 +66,11 @@ def runner_wrapper(wrapped, config, args, kwargs):
     info_once("runner", "using the V1 model runner: Model Runner V2 ignores cross-layer KV blocks "
               "(set %s=1 to keep V2 and the stock layout)" % ENV)
     return False
+
+
+#: what this file wraps: VllmConfig.use_v2_model_runner where Model Runner V2 is the default (the release
+#: table's ``runner_v1``), a patch set of its own on import of vLLM's config
+TARGETS = (
+    Target(name="model_runner.force_v1", group="runner", module=VLLM_CONFIG, owner="VllmConfig",
+           attr="use_v2_model_runner", kind="property", wrapper=runner_wrapper, when={"runner_v1": True}),
+)

@@ -24,6 +24,8 @@ Removal
     With 0.28 support (0.29+ decide the layout per child class).
 """
 
+from ..releases import MULTI_CONNECTOR
+from ..specs import Target
 from ._config import NIXL_CONNECTORS
 from ._fallback import fallback
 
@@ -73,3 +75,18 @@ def _warn_if_nixl_wanted(children):
                  "this MultiConnector also runs %s, which does not take cross-layer KV blocks, so the whole engine "
                  "keeps the per-layer layout; a decode/prefill peer with a plain NixlConnector and ENABLE_XLKV will "
                  "refuse the handshake. Use the same connector list on both sides" % others)
+
+
+#: what this file wraps on MultiConnector (the release table's ``multi`` column; a patch set of its own, on
+#: import of its module): backport, the base class's ClassVar and no-op registration overridden on
+#: MultiConnector itself; warn, upstream's property
+_ON_MULTI = dict(group="multi", module=MULTI_CONNECTOR, owner="MultiConnector")
+TARGETS = (
+    Target(name="multi_connector.backport", attr="prefer_cross_layer_blocks", kind="attribute",
+           wrapper=backport_attribute, on_named_class=True, when={"multi": "backport"}, **_ON_MULTI),
+    Target(name="multi_connector.register", attr="register_cross_layers_kv_cache", kind="method",
+           wrapper=register_wrapper, params=("self", "kv_cache", "attn_backend"), on_named_class=True,
+           when={"multi": "backport"}, **_ON_MULTI),
+    Target(name="multi_connector.warn", attr="prefer_cross_layer_blocks", kind="property", wrapper=property_wrapper,
+           when={"multi": "warn"}, **_ON_MULTI),
+)

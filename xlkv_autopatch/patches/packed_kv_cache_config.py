@@ -41,12 +41,17 @@ Removal
 
 from .. import families
 from ..logs import info_once
+from ..specs import NIXL_WORKER_CLASS, NIXL_WORKER_MODULE, Target
 from . import _model, _state
 from ._args import bind
 from ._config import other_connectors, uses_nixl
 from ._fallback import fallback
 
 OPT_IN = "enable_cross_layers_blocks"
+#: vLLM's KV cache planner (engine core), home of _use_packed_kv_cache_config on 0.24-0.28
+KV_CACHE_UTILS = "vllm.v1.core.kv_cache_utils"
+#: _use_packed_kv_cache_config's parameters, bound by name
+PREDICATE_ARGS = ("vllm_config", "kv_cache_groups")
 
 
 def _sliding_window_packs(vllm_config, groups):
@@ -80,7 +85,7 @@ def predicate_wrapper(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     if result:  # vLLM's own answer (DeepSeek-V4 specs, the user's opt-in)
         return result
-    vllm_config, groups = bind(args, kwargs, "vllm_config", "kv_cache_groups")
+    vllm_config, groups = bind(args, kwargs, *PREDICATE_ARGS)
     if not uses_nixl(getattr(vllm_config, "kv_transfer_config", None)):
         return result  # not a NIXL engine: none of xlkv's business
     model = _sliding_window_packs(vllm_config, len(groups) if isinstance(groups, (list, tuple)) else None)
@@ -104,3 +109,16 @@ def register_wrapper(wrapped, instance, args, kwargs):
     _state.mark_packed_groups(instance)
     with _state.packing():
         return wrapped(*args, **kwargs)
+
+
+#: what this file wraps where the release has vLLM's packed multi-group allocation (the release table's
+#: ``packed``): the planner's predicate (its own patch set, on import of the planner: engine core, not NIXL
+#: connector code) and the NIXL worker's packed registration (the release's NIXL patch set)
+TARGETS = (
+    Target(name="packed_kv_cache_config.register", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
+           attr="_register_packed_kv_cache", kind="method", wrapper=register_wrapper, params=("self", "..."),
+           when={"packed": True}),
+    Target(name="packed_kv_cache_config.plan", group="packed", module=KV_CACHE_UTILS, owner=None,
+           attr="_use_packed_kv_cache_config", kind="function", wrapper=predicate_wrapper, params=PREDICATE_ARGS,
+           when={"packed": True}),
+)

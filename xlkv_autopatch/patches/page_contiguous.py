@@ -62,6 +62,7 @@ Removal
 from .. import facts, layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once
+from ..specs import NIXL_CONNECTOR_MODULE, Target
 from . import _model, _state
 from ._args import bind
 from ._fallback import explicit_layout
@@ -153,8 +154,12 @@ def _one_row_region(worker):
     return None, "%s region(s) (block lengths %s, strides %s)" % (regions, lens[:4], block_strides[:4])
 
 
+#: NixlConnector.register_kv_caches's parameters after self, bound by name
+REGISTER_ARGS = ("kv_caches",)
+
+
 def register_wrapper(wrapped, instance, args, kwargs):
-    (kv_caches,) = bind(args, kwargs, "kv_caches")
+    (kv_caches,) = bind(args, kwargs, *REGISTER_ARGS)
     explicit_layout()  # an explicit VLLM_KV_CACHE_LAYOUT decided the layout without kv_cache_layout.py: say so
     worker = getattr(instance, "connector_worker", None)
     decision = _decision(worker, facts.current()) if isinstance(kv_caches, dict) else None
@@ -201,3 +206,12 @@ def register_wrapper(wrapped, instance, args, kwargs):
             info_once("heads-not-sliceable", "%s rows; heterogeneous TP will be refused at the handshake: %s",
                       kv_layout, why)
     return result
+
+
+#: what this file wraps: NixlConnector's registration, on the KV-cache-layout releases (the release
+#: table's ``mechanism``)
+TARGETS = (
+    Target(name="page_contiguous.block_rows", group="nixl", module=NIXL_CONNECTOR_MODULE, owner="NixlConnector",
+           attr="register_kv_caches", kind="method", wrapper=register_wrapper, params=("self",) + REGISTER_ARGS,
+           when={"mechanism": "layout"}),
+)

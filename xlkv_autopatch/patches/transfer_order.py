@@ -35,6 +35,7 @@ import functools
 from .. import layout
 from ..flag import knob
 from ..logs import info_once, logger, once
+from ..specs import Attached
 
 KNOB = "XLKV_COALESCE"
 MARK = "_xlkv_transfer_order"
@@ -108,3 +109,9 @@ def attach(worker):
     agent.make_prepped_xfer = make_prepped_xfer
     info_once("transfer_order", "NIXL transfers list their descriptor pairs in ascending local order, so runs "
                                 "contiguous on both sides merge (%s=false turns this off)", KNOB)
+
+
+#: what this file wraps: no class attribute, but each worker's NIXL agent method, which block_count's
+#: registration wrapper attaches (so its releases are that target's)
+ATTACHED = (Attached(attr="make_prepped_xfer", what="nixl_wrapper.make_prepped_xfer (per worker)",
+                     by="block_count.register_kv_caches"),)
