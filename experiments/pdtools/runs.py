@@ -104,7 +104,8 @@ def summary_to_file(runs, probes, lengths, meta, out, logprob_tol=0.0, corruptio
     with ``meta`` merged in; written to ``out`` and printed.  Returns the summary."""
     probes = {cfg: {"kv": kv, "backend": (kv or {}).get("attn_backend")} for cfg, kv in probes.items()}
     s = summarize_equivalence(runs, probes, lengths, batch_invariant=meta.get("batch_invariant"),
-                              logprob_tol=logprob_tol, corruption=corruption, reference=reference)
+                              logprob_tol=logprob_tol, corruption=corruption, reference=reference,
+                              vllm_version=meta.get("vllm_version"))
     s.update(meta)
     with open(out, "w") as f:
         json.dump(s, f, indent=1, sort_keys=True)
