@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Write a random-weight causal LM of one of a few model families (``--arch``) and a word-level tokenizer.
 
-Families (``ARCHS``, the "gpu" entries of experiments/model_shapes.py, the lab's one table of
-model shapes; ``--layers``/``--kv-heads``/``--head-dim`` override it):
+Architectures (``ARCHS``, the "gpu" entries of experiments/model_shapes.py, the lab's one table of
+model shapes, with the family of their row; ``--layers``/``--kv-heads``/``--head-dim`` override it):
 
-  qwen3        (default) Qwen3-0.6B: dense GQA, 28 layers, 8 KV heads, head_dim 128 (the model
+  qwen3        (default; family dense) Qwen3-0.6B: GQA, 28 layers, 8 KV heads, head_dim 128 (the model
                of every earlier run; same config and weights as before ``--arch`` existed)
-  deepseek_v2  MLA, DeepSeek-V2-Lite-like: kv_lora_rank 512, qk_rope_head_dim 64,
+  deepseek_v2  (mla) DeepSeek-V2-Lite-like: kv_lora_rank 512, qk_rope_head_dim 64,
                qk_nope_head_dim 128, v_head_dim 128, q_lora_rank None, 8 layers, every MLP dense
                (first_k_dense_replace = layers: vLLM builds no MoE layer, so no MoE kernels);
                one KV block of 16 tokens is 16 * 8 * (512 + 64) * 2 B = 144 KiB
-  gemma3       sliding-window hybrid (Gemma3ForCausalLM, Gemma-3-4B-like widths): 12 layers,
+  gemma3       (sliding-window) hybrid (Gemma3ForCausalLM, Gemma-3-4B-like widths): 12 layers,
                5:1 sliding:full via layer_types (layers 5 and 11 full), sliding_window 256,
                4 KV heads, head_dim 256: prompts of 1000 and 4097 tokens exceed the window;
                output head untied (a tied random head repeats the last prompt token)
-  mqa          Qwen3-0.6B with one KV head
+  mqa          (one-kv-head) Qwen3-0.6B with one KV head
 
 
 No hub access is needed: the config is spelled out here and the tokenizer is built locally.
@@ -34,6 +34,10 @@ context apart through all 28 layers, and greedy outputs vary with the prompt (mo
 output position; bf16 and fp32 weights give the same 32 ids: results/cpu-model-init-28layers.json).  ``--init hf`` keeps the
 old weights (same seed, same bytes as before).  Shapes, dtype and so the KV block size do not
 depend on the initialisation.
+
+Beside config.json it writes ``xlkv-shape.json`` (model_shapes.SHAPE_FILE): the shape it generated in
+the package's axes (attention kind, KV heads) and the table row, which the lab reads instead of
+classifying config.json again.
 
 The tokenizer maps the word ``w<k>`` to id k (k = 2 .. vocab-1), ``<unk>`` = 0, ``<eos>`` = 1,
 splits on whitespace and adds no special tokens, so a prompt of n words is n tokens.
@@ -80,6 +84,14 @@ def arch_fields(arch, layers=None, kv_heads=None, head_dim=None):
         k = spec["layer_types"]
         f["layer_types"] = ["full_attention" if (i + 1) % k == 0 else "sliding_attention" for i in range(n)]
     return f
+
+
+def write_shape(out, args):
+    """model_shapes.SHAPE_FILE: the shape this model was generated with (the row's attention kind, the KV
+    heads written), so that nothing has to guess it from config.json."""
+    record = model_shapes.shape_record(args.arch, arch_fields(args.arch, args.layers, args.kv_heads, args.head_dim))
+    with open(os.path.join(out, model_shapes.SHAPE_FILE), "w") as f:
+        json.dump(record, f, indent=1)
 
 
 def word_vocab(size):
@@ -215,6 +227,8 @@ def main(argv=None):
         have.setdefault("init", "hf")  # written before --init existed
         have.setdefault("arch", "qwen3")  # written before --arch existed
         if all(have.get(k) == getattr(args, k) for k in keys):
+            if not os.path.exists(os.path.join(args.outdir, model_shapes.SHAPE_FILE)):
+                write_shape(args.outdir, args)  # a model made before make_model.py recorded its shape
             print("model already there: %s (use --force to rewrite)" % args.outdir)
             return 0
         print("model in %s was made with other settings (%s): rewriting" % (args.outdir, have))
@@ -232,9 +246,11 @@ def main(argv=None):
         cfg.architectures = [ARCHS[args.arch]["model"]]   # what save_pretrained of the model writes
         cfg.dtype = "bfloat16"
         cfg.save_pretrained(args.outdir)
+        write_shape(args.outdir, args)
         print("tokenizer and config written (%s, no weights): %s" % (args.arch, args.outdir))
         return 0
     n = write_model(args.outdir, args)
+    write_shape(args.outdir, args)
     open(done, "w").write(json.dumps(vars(args)))  # marks a finished write (no half models)
     print("model written: %s (%s, %d layers, %.0fM parameters, init %s)" % (args.outdir, args.arch, args.layers,
                                                                            n / 1e6, args.init))

@@ -2,13 +2,20 @@
 random-weight model generated for GPU runs.  Standard library only (the harness's rank workers
 import it inside a vLLM environment, make_model.py on a GPU machine).
 
+Rows are keyed by the package's family names (xlkv_autopatch/families.py: ``dense``,
+``one-kv-head``, ``mla``, ``sliding-window``; tests/experiments/test_make_model.py checks that the
+package classifies every row's configs as its key), and ``attention`` is the row's attention kind
+in the package's words.  make_model.py records the shape it generated in ``SHAPE_FILE`` beside
+config.json, and the lab reads that (pdtools.kvmetrics.model_shape) instead of classifying
+config.json again.
+
 A row's ``harness`` entry is what ``experiments/cpu/pdharness/model.py`` builds KV cache specs
 from (``--family NAME``): the architecture it writes into a config folder, each layer's
 attention kind in model order ("full", "sliding", "mla"), KV heads, head size, sliding window and
 max_model_len.  Its ``gpu`` entry is what ``experiments/make_model.py --arch ARCH`` writes: the
 transformers config and model class, the config fields, and which fields ``--layers``,
-``--kv-heads`` and ``--head-dim`` set (None where the family has none).  Adding a family (or a
-shape to one) is one row here; both tools read it.
+``--kv-heads`` and ``--head-dim`` set (None where the family has none).  Adding a family is the
+package's name and classification plus one row here (a shape to a family: one row); both tools read it.
 """
 
 # Qwen3-0.6B (config.json of Qwen/Qwen3-0.6B), with a smaller vocabulary that matches
@@ -31,11 +38,13 @@ QWEN3_0_6B = dict(
 SHAPES = {
     # dense GQA: the harness's tiny Llama (the original shape), Qwen3-0.6B on GPUs
     "dense": dict(
+        attention="full",
         harness=dict(arch="llama", layers=["full"] * 4, kv_heads=2, head_dim=64),
         gpu=dict(arch="qwen3", config="Qwen3Config", model="Qwen3ForCausalLM", fields=QWEN3_0_6B,
                  layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim")),
-    # one KV head (TP 1 reaches the one-KV-head-per-rank registration)
-    "mqa": dict(
+    # one KV head, MQA (TP 1 reaches the one-KV-head-per-rank registration)
+    "one-kv-head": dict(
+        attention="full",
         harness=dict(arch="llama", layers=["full"] * 4, kv_heads=1, head_dim=64),
         gpu=dict(arch="mqa", config="Qwen3Config", model="Qwen3ForCausalLM",
                  fields=dict(QWEN3_0_6B, num_key_value_heads=1),
@@ -46,6 +55,7 @@ SHAPES = {
     # n_routed_experts stays set: vLLM's DeepseekV2ForCausalLM builds its expert weight mapping from
     # it); no rope scaling
     "mla": dict(
+        attention="mla",
         harness=dict(arch="deepseek_v2", layers=["mla"] * 4, kv_heads=1, kv_lora_rank=512, qk_rope_head_dim=64,
                      head_dim=512 + 64),
         gpu=dict(arch="deepseek_v2", config="DeepseekV2Config", model="DeepseekV2ForCausalLM", fields=dict(
@@ -65,7 +75,8 @@ SHAPES = {
     # the embedding): with random weights a tied head makes the model repeat the last prompt token
     # whatever the context (model_check.py, 3 and 6 layers: 1 distinct id in 16, no position changes
     # with the context; untied: every one varies).  The KV cache does not depend on it.
-    "swa": dict(
+    "sliding-window": dict(
+        attention="sliding-window",
         harness=dict(arch="gpt_oss", layers=["sliding", "full"] * 3, kv_heads=2, head_dim=64, sliding_window=32,
                      max_model_len=256),
         gpu=dict(arch="gemma3", config="Gemma3TextConfig", model="Gemma3ForCausalLM", fields=dict(
@@ -82,5 +93,17 @@ SHAPES = {
 HARNESS = {name: row["harness"] for name, row in SHAPES.items()}
 #: the GPU models' shapes by architecture name (make_model.py --arch, MODEL_ARCH in the lab)
 GPU = {row["gpu"]["arch"]: row["gpu"] for row in SHAPES.values()}
-#: family of each GPU architecture name
+#: family (the row's key) of each GPU architecture name
 FAMILY_OF_ARCH = {row["gpu"]["arch"]: name for name, row in SHAPES.items()}
+
+#: what make_model.py writes beside config.json: the shape it generated, in the package's axes
+#: (``attention``; ``kv_heads``: the KV heads its config has, as the package counts a config's) and the row
+#: it came from (``family``, ``arch``)
+SHAPE_FILE = "xlkv-shape.json"
+
+
+def shape_record(arch, fields):
+    """The SHAPE_FILE record of a model of GPU architecture ``arch`` with these config ``fields``."""
+    family = FAMILY_OF_ARCH[arch]
+    return {"family": family, "arch": arch, "attention": SHAPES[family]["attention"],
+            "kv_heads": fields.get(GPU[arch]["kv_heads"] or "num_key_value_heads")}

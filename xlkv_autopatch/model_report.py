@@ -1,10 +1,10 @@
 """``python -m xlkv_autopatch status --model DIR``: what the shim will do for one model on the
 installed vLLM, before anything is served.
 
-The facts come from vLLM's own ``ModelConfig`` for the folder where vLLM can build one (MLA and
-Mamba exactly as the engine classifies the model), else from ``config.json`` alone (said so in
-the output); the decision is :func:`xlkv_autopatch.families.decide`, the function every patch
-asks at run time.
+The model's shape is :func:`xlkv_autopatch.families.classify` of its config, with MLA, Mamba and the
+KV heads from vLLM's own ``ModelConfig`` for the folder where vLLM can build one (exactly as the
+engine classifies the model), else from ``config.json`` alone (said so in the output); the decision
+is :func:`xlkv_autopatch.families.decide`, the function every patch asks at run time.
 """
 
 import json
@@ -13,20 +13,10 @@ from dataclasses import replace
 
 from . import facts, families, flag, layout
 
-#: model types whose layers include Mamba / linear attention (used only when vLLM cannot load
-#: the config: vLLM's own ``is_hybrid`` decides otherwise)
-HYBRID_MODEL_TYPES = ("bamba", "falcon_h1", "granitemoehybrid", "jamba", "kimi_linear", "lfm2", "mamba", "mamba2",
-                      "minimax_m1", "nemotron_h", "plamo2", "qwen3_next", "zamba2")
-HYBRID_LAYER_MARKS = ("mamba", "linear_attention", "conv")
-
 
 def _read_config(path):
     with open(os.path.join(path, "config.json")) as f:
-        cfg = json.load(f)
-    text = cfg.get("text_config")
-    if isinstance(text, dict):  # multimodal wrappers keep the language model's fields here
-        cfg = dict(cfg, **text)
-    return cfg
+        return families.text_config(json.load(f))  # multimodal wrappers keep the language model's fields there
 
 
 def _from_vllm(path):
@@ -36,15 +26,6 @@ def _from_vllm(path):
     model = ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True)
     return (bool(model.use_mla), bool(model.is_hybrid), model.get_total_num_kv_heads(),
             getattr(model, "hf_text_config", None) or model.hf_config)
-
-
-def _from_json(cfg):
-    layer_types = [str(t) for t in cfg.get("layer_types") or ()]
-    hybrid = cfg.get("model_type") in HYBRID_MODEL_TYPES or any(
-        mark in t for t in layer_types for mark in HYBRID_LAYER_MARKS)
-    use_mla = cfg.get("kv_lora_rank") is not None and os.environ.get("VLLM_MLA_DISABLE", "0") in ("", "0")
-    heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
-    return use_mla, hybrid, heads
 
 
 def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
@@ -58,7 +39,7 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
         out["error"] = sides["prefill"].get("error") or sides["decode"].get("error")
         return out
     p, d = sides["prefill"], sides["decode"]
-    replicated = d["family"] in (families.MLA, families.SPARSE_MLA)
+    replicated = d["attention"] in families.REPLICATED
     sources, refused = layout.remote_sources(prefill_tp=prefill_tp, decode_tp=decode_tp, kv_heads=d["kv_heads"],
                                              replicated=replicated)
     out["remote_ranks_per_decode_rank"] = sources
@@ -80,7 +61,7 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
             heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT, replicated=replicated)
         served, xlkv = tp.use, 1 if tp.use else None
         reason = tp.reason if tp.use else "the handshake is refused: %s" % tp.reason
-    elif d["family"] == families.MLA:  # 0.26-0.28: one cross-layer latent tensor, replicated on every rank
+    elif d["attention"] == families.MLA:  # 0.26-0.28: one cross-layer latent tensor, replicated on every rank
         tp = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=2, replicated=True)
         served, xlkv, reason = True, 1, tp.reason
     else:  # 0.12-0.28, cross-layer blocks: FLASH_ATTN's keep the heads outermost where the release says so
@@ -129,55 +110,55 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
     except (OSError, ValueError) as e:
         out["error"] = "cannot read %s: %s" % (os.path.join(path, "config.json"), e)
         return out
-    get = cfg.get
-    source = "config.json"
-    use_mla, hybrid, heads = _from_json(cfg)
+    config, source = cfg, "config.json"
+    # vLLM's switch that serves an MLA model without MLA (its own ModelConfig reads it too)
+    engine = dict(use_mla=False if os.environ.get("VLLM_MLA_DISABLE", "0") not in ("", "0") else None)
     if use_vllm:
         try:
-            use_mla, hybrid, heads, hf = _from_vllm(path)
-            get = lambda name: getattr(hf, name, None)  # noqa: E731
-            source = "vLLM's ModelConfig"
+            use_mla, hybrid, heads, config = _from_vllm(path)
+            engine, source = dict(use_mla=use_mla, mamba=hybrid, kv_heads=heads), "vLLM's ModelConfig"
         except Exception as e:  # report, never crash status
             out["notes"].append("vLLM could not load the config (%s: %s); read from config.json alone"
                                 % (type(e).__name__, str(e).splitlines()[0][:200] if str(e) else ""))
-    per_rank = max(1, heads // tp) if isinstance(heads, int) and heads > 0 else None
-    fam_facts = families.facts_from_config(get, use_mla=use_mla, mamba=hybrid, kv_heads_per_rank=per_rank,
-                                           pp_size=pp, source=source)
+    shape = families.classify(config, tp=tp, pp=pp, source=source, **engine)
     release = facts.current()
-    if fam_facts.sliding_window and release.connector_turns_hma_off and isinstance(get("num_hidden_layers"), int):
+    layers = config.get("num_hidden_layers") if isinstance(config, dict) else getattr(config, "num_hidden_layers", None)
+    if shape.attention == families.SLIDING_WINDOW and release.connector_turns_hma_off and isinstance(layers, int):
         # vLLM 0.12-0.21 turn the hybrid KV cache manager off under any KV connector: one KV cache group
-        fam_facts = replace(fam_facts, kv_cache_groups=1, group_layers=get("num_hidden_layers"))
+        shape = replace(shape, kv_cache_groups=1, group_layers=layers)
         out["notes"].append("this vLLM turns its hybrid KV cache manager off under a KV connector, so the "
                             "sliding-window and full-attention layers share one KV cache group (with "
                             "--no-disable-hybrid-kv-cache-manager they would not, and the stock layout is kept)")
-    decision = families.decide(fam_facts, block_outermost_layouts=release.kv_cache_layouts,
-                               packed_groups=release.packed_groups,
-                               mla_backends=release.mla_cross_layer_backends, equal_tp=_equal_tp())
-    if decision.cross_layer and not release.kv_cache_layouts and decision.family != families.MLA and \
-            not _equal_tp():
-        fa = layout.sliced_by_heads(backend="FLASH_ATTN", fa_heads_outermost=release.fa_heads_outermost)
-        if fa:  # 0.23-0.25: no backend's cross-layer block keeps the heads outermost
-            decision = replace(decision, cross_layer=False, for_any_tp=True, reason=layout.kept_for_any_tp(
-                "%s; so are every other backend's" % fa))
-        else:
-            out["notes"].append("with FLASH_ATTN; other attention backends (FLASHINFER, TRITON_ATTN) keep the stock "
-                                "layout: %s" % layout.kept_for_any_tp("their cross-layer blocks are blocks-first"))
+    equal_tp = _equal_tp()
+    decision = families.decide(shape, release, equal_tp=equal_tp)
+    if decision.cross_layer and not release.kv_cache_layouts and shape.attention != families.MLA:
+        # the attention backend decides too (the preference patch asks the same function at run time)
+        kept = {b: families.kept_stock_for_any_tp(b, release, equal_tp=equal_tp)
+                for b in release.cross_layer_backends}
+        others = [b for b in release.cross_layer_backends if kept[b] and b != "FLASH_ATTN"]
+        if kept.get("FLASH_ATTN"):  # 0.23-0.25: no backend's cross-layer block keeps the heads outermost
+            decision = replace(decision, cross_layer=False, for_any_tp=True, reason=kept["FLASH_ATTN"])
+        if others:
+            out["notes"].append(("other attention backends (%s) keep the stock layout too: %s" if kept.get("FLASH_ATTN")
+                                 else "with FLASH_ATTN; other attention backends (%s) keep the stock layout: %s")
+                                % (", ".join(others), kept[others[0]]))
     env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
     explicit = layout.explicit_layout(env_layout) if release.kv_cache_layouts else None
     if explicit is not None:  # vLLM reads it before asking the connector: it decides
         decision = replace(decision, cross_layer=explicit.use and decision.cross_layer, reason=explicit.reason,
                            layout=layout.layout_name(env_layout))
-    stock, xlkv = families.expected_descriptors(fam_facts, decision, kv_split=release.kv_split_regions)
+    stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
     out.update({
         "source": source,
         "family": decision.family,
+        "attention": shape.attention,
         "title": decision.title,
         "cross_layer": decision.cross_layer,
         "reason": decision.reason,
         "layout": _layout_name(release, decision),
-        "kv_heads_per_rank": per_rank,
-        "kv_heads": heads if isinstance(heads, int) else None,
-        "attention_layers_per_block_id": fam_facts.group_layers,
+        "kv_heads_per_rank": shape.kv_heads_per_rank,
+        "kv_heads": shape.kv_heads,
+        "attention_layers_per_block_id": shape.group_layers,
         "descriptors_per_block": {"stock": stock, "xlkv": xlkv},
     })
     return out

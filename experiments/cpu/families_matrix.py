@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Model families on the CPU P/D harness: for every family of pdharness/model.py (dense, mqa,
-mla, swa) and the configs stock, native (vLLM's own best setting) and xlkv (ENABLE_XLKV=true
+"""Model families on the CPU P/D harness: for every family of pdharness/model.py (dense, one-kv-head,
+mla, sliding-window) and the configs stock, native (vLLM's own best setting) and xlkv (ENABLE_XLKV=true
 on P and D), one harness run; D's registration (regions, descriptors and bytes per block id,
 KV cache groups) and one transfer (descriptors handed to NIXL, descriptors NIXL moved, bytes
 compared per group) go into one results file per release.
@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.append(os.path.dirname(HERE))
 from pdtools.gates import gate  # noqa: E402  (the release gates: xlkv_autopatch/releases.py)
 HARNESS = os.path.join(HERE, "pd_harness.py")
-FAMILIES = ("mla", "swa", "mqa", "dense")
+FAMILIES = ("mla", "sliding-window", "one-kv-head", "dense")
 CONFIGS = ("stock", "native", "xlkv")
 
 

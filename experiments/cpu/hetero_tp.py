@@ -34,8 +34,8 @@ PAIRINGS = {
     "dense4_4to2": ("dense", 4, 4, 2),
     "dense2_1to2": ("dense", 2, 1, 2),
     "dense2_2to1": ("dense", 2, 2, 1),
-    "swa_1to2": ("swa", None, 1, 2),
-    "swa_2to2": ("swa", None, 2, 2),
+    "swa_1to2": ("sliding-window", None, 1, 2),
+    "swa_2to2": ("sliding-window", None, 2, 2),
     "mla_1to2": ("mla", None, 1, 2),
     # issue 44 item 3: a blocks-first backend (cross-layer blocks cannot be sliced by KV heads; 0.20-0.28)
     "triton4_1to2": ("dense", 4, 1, 2, "TRITON_ATTN"),

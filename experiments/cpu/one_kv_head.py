@@ -35,9 +35,9 @@ RUNS = {
     "xlkv_2to1": (["--family", "dense", "--p-tp", "2"], XLKV),
     "native_p_xlkv_d_2to2": (["--family", "dense", "--p-tp", "2", "--d-tp", "2", "--p-env",
                               "VLLM_KV_CACHE_LAYOUT=BLNHC", "--d-env", "ENABLE_XLKV=true"], {}),
-    "mqa_stock": (["--family", "mqa"], {}),
-    "mqa_native": (["--family", "mqa"] + BLNHC, {}),
-    "mqa_xlkv": (["--family", "mqa"], XLKV),
+    "mqa_stock": (["--family", "one-kv-head"], {}),
+    "mqa_native": (["--family", "one-kv-head"] + BLNHC, {}),
+    "mqa_xlkv": (["--family", "one-kv-head"], XLKV),
 }
 
 

@@ -16,7 +16,7 @@ Helper commands (each also a function the jobs call in-process):
   merge           merge results JSON files (cells of the same key gain repetitions, idempotently)
   block-bytes     bytes of one KV block (all layers, K and V) for a dense model directory (0 otherwise)
   block-bytes-registered  bytes one block id moves, from D's registration report (0 if not derivable)
-  model-family    dense, mla or sliding-hybrid for a model directory
+  model-family    the package's family of a model directory (dense, one-kv-head, sliding-window, mla, ...)
   gpu-slug        turn `nvidia-smi` GPU names into a short file-name tag ("2xH200")
   batch-invariant does the importable (or given) vLLM know VLLM_BATCH_INVARIANT? (yes/no)
   backend         the attention backend named in a vLLM server log

@@ -261,12 +261,13 @@ REFERENCES = ("local", "pd-stock", "pd-stock-v1")
 
 
 def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_tol=0.0, corruption=None,
-                          reference="local", source_ranks=1):
+                          reference="local", vllm_version=None, source_ranks=1):
     """runs: {label: [results]} with 'local:<cfg>' / 'pd:<cfg>' labels; the first local run is
     the baseline (reference "local"), or 'pd:stock' (reference "pd-stock": the module
     docstring); configs named 'nc-<cfg>' are negative controls (D corrupts what it
-    received).  probes: {cfg: {"kv": {...}, "backend": str}}.  ``source_ranks``: prefill ranks each decode
-    rank reads a block from (kvmetrics.source_ranks): the descriptor limit is per block per remote rank.
+    received).  probes: {cfg: {"kv": {...}, "backend": str}}; ``vllm_version``: the release the
+    descriptor limit is counted for (descriptor_limit); ``source_ranks``: prefill ranks each decode
+    rank reads a block from (kvmetrics.source_ranks): the limit is per block per prefill rank read.
     Returns the summary dict."""
     if reference not in REFERENCES:
         raise ValueError("reference must be one of %s (got %r)" % (", ".join(REFERENCES), reference))
@@ -370,7 +371,8 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
     for cfg, p in probes.items():
         kv = p.get("kv") or {}
         reg = kv.get("registration") or {}
-        limit = descriptor_limit(p.get("backend"), mla=bool(reg.get("use_mla")), source_ranks=source_ranks)
+        limit = descriptor_limit(p.get("backend"), mla=bool(reg.get("use_mla")), vllm_version=vllm_version,
+                                 source_ranks=source_ranks)
         # per block id: blocks per transfer from the bytes one block id moves (D's registration
         # report; a sliding-window group sends fewer block ids than a full one)
         dpb = kv.get("descriptors_per_block")

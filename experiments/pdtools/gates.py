@@ -10,20 +10,26 @@ VLLM_KV_CACHE_LAYOUT), ``runner-v1`` (Model Runner V2 is the default and ignores
 so the V1 runner must be asked for).  Standard library only; the table is imported from the
 checkout this file lies in when the running Python has no xlkv_autopatch.
 """
+import importlib
 import os
 import sys
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _table():
+def shim(name):
+    """The shim's pure module ``xlkv_autopatch.<name>`` (releases, versions, facts, families, layout: standard
+    library and packaging only), from the checkout this file lies in when the running Python has none."""
     try:
-        from xlkv_autopatch import releases, versions
+        return importlib.import_module("xlkv_autopatch." + name)
     except ImportError:
         if _REPO not in sys.path:
             sys.path.append(_REPO)
-        from xlkv_autopatch import releases, versions
-    return releases, versions
+        return importlib.import_module("xlkv_autopatch." + name)
+
+
+def _table():
+    return shim("releases"), shim("versions")
 
 
 #: name -> (the rows that have it, what it means)

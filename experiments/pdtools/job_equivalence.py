@@ -8,6 +8,7 @@ single-request probe of PROBE_LEN tokens gives the descriptors per block (id).  
 control ``nc-<cfg>`` runs right after <cfg> with P kept and only D restarted.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ import time
 
 from . import configs, equivalence
 from .cpuchecks import require_gpus_or_cpu_checks
+from .gates import shim
 from .pair import Pair, log_offset
 from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
                    summary_to_file)
@@ -90,7 +92,8 @@ def main():
         pair.ensure_model()
         reference = setting("EQ_REFERENCE", "auto")
         if reference == "auto":
-            reference = "pd-stock" if pair.model_family in ("mla", "sliding-hybrid") else "local"
+            # vLLM's own P/D differs from one whole prefill for latent and sliding-window attention
+            reference = "local" if pair.shape.attention == shim("families").FULL else "pd-stock"
             log("reference: %s (EQ_REFERENCE=auto, a %s model)" % (reference, pair.model_family))
         else:
             log("reference: %s" % reference)
@@ -196,8 +199,8 @@ def main():
         if not found:
             die(EXIT_SETUP, "EQ_INCLUDE: no run files of %s in %s" % (cfg, work))
         log("included from an earlier call: %s" % cfg)
-    meta = {"model_family": pair.model_family, "reference": reference, "vllm_version": version,
-            "gpu": pair.gpu_slug, "model": pair.model, "block_size": int_setting("BLOCK_SIZE"),
+    meta = {"model_family": pair.model_family, "model_shape": dataclasses.asdict(pair.shape), "reference": reference,
+            "vllm_version": version, "gpu": pair.gpu_slug, "model": pair.model, "block_size": int_setting("BLOCK_SIZE"),
             "tp_p": pair.tp_p, "tp_d": pair.tp_d, "probe_len": probe_len, "max_tokens": max_tokens,
             "serve_args": " ".join(os.environ["SERVE_EXTRA_ARGS"].split()), "batch_invariant": batch_invariant,
             "logprobs": n_logprobs,

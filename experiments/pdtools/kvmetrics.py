@@ -28,6 +28,10 @@ import math
 import os
 import re
 
+import model_shapes  # the lab's table of model shapes (experiments/, the folder above this package)
+
+from .gates import shim
+
 KV_LINE_RE = re.compile(r"KV Transfer metrics: (.*)$")
 # Keys are free text with spaces and parentheses; values are numbers. Split on ", " that
 # is followed by a key and "=".
@@ -171,20 +175,27 @@ def block_bytes(num_layers, num_kv_heads, head_dim, block_size=16, dtype_bytes=2
     return block_size * num_layers * 2 * heads * head_dim * dtype_bytes
 
 
-def model_family(cfg):
-    """"mla", "sliding-hybrid" or "dense" from a Hugging Face config dict (or a model dir)."""
-    if isinstance(cfg, str):
-        cfg = json.load(open(os.path.join(cfg, "config.json")))
-    outer_type = str(cfg.get("model_type", ""))
-    cfg = cfg.get("text_config") or cfg
-    if cfg.get("kv_lora_rank"):
-        return "mla"
-    types = cfg.get("layer_types") or []
-    if any("sliding" in str(t) for t in types):
-        return "sliding-hybrid"
-    if not types and cfg.get("sliding_window") and str(cfg.get("model_type") or outer_type).startswith("gemma"):
-        return "sliding-hybrid"     # Gemma 2/3 configs written without layer_types interleave too
-    return "dense"
+def model_shape(model, tp=1):
+    """The package's shape of a model (xlkv_autopatch.families.ModelShape: attention kind, Mamba layers, KV
+    heads per rank) at tensor-parallel size ``tp``: for a model folder, the shape make_model.py recorded when
+    it generated the model (model_shapes.SHAPE_FILE), else the package's classifier on its config.json; for
+    a Hugging Face config dict, the classifier."""
+    families = shim("families")
+    if isinstance(model, dict):
+        return families.classify(model, tp=tp, source="config")
+    record = os.path.join(model, model_shapes.SHAPE_FILE)
+    if os.path.isfile(record):
+        with open(record) as f:
+            r = json.load(f)
+        return families.shape(r["attention"], kv_heads=r.get("kv_heads"), tp=tp, source=model_shapes.SHAPE_FILE)
+    with open(os.path.join(model, "config.json")) as f:
+        return families.classify(json.load(f), tp=tp, source="config.json")
+
+
+def model_family(model, tp=1):
+    """The package's family name of a model folder or config dict at tensor-parallel size ``tp``
+    (xlkv_autopatch.families.FAMILIES: dense, one-kv-head, sliding-window, mla, ...)."""
+    return model_shape(model, tp).family
 
 
 class NotDense(ValueError):
@@ -192,12 +203,13 @@ class NotDense(ValueError):
 
 
 def model_block_bytes(model_dir, block_size=16, tp=1, kv_dtype_bytes=None):
-    """The dense K/V formula for a model dir; raises NotDense for MLA and sliding-window hybrids
-    (their bytes per block id come from D's registration report only)."""
+    """The dense K/V formula for a model dir; raises NotDense for every model whose attention is not full
+    attention alone (MLA, sliding-window hybrids, Mamba layers: their bytes per block id come from D's
+    registration report only)."""
+    shape = model_shape(model_dir, tp)
+    if shape.attention != shim("families").FULL or shape.mamba:
+        raise NotDense("%s model: the dense K/V formula does not apply (use D's registration report)" % shape.family)
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    fam = model_family(cfg)
-    if fam != "dense":
-        raise NotDense("%s model: the dense K/V formula does not apply (use D's registration report)" % fam)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     dt = kv_dtype_bytes or DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2)
     return block_bytes(cfg["num_hidden_layers"], cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
@@ -255,15 +267,22 @@ def blocks_for_prompt(n_tokens, block_size=16):
     return math.ceil(n_tokens / block_size)
 
 
-def descriptor_limit(attn_backend, mla=False, source_ranks=1):
-    """What the shim promises per block (id) read by one decode rank: per prefill rank it reads from
-    (``source_ranks``: prefill TP / decode TP where prefill's is larger; each holds its own heads' slice),
-    1 on FLASH_ATTN (K and V in one block region), at most 2 elsewhere (K and V regions apart); MLA 1
-    (one latent page per layer, the same on every prefill rank: read from one)."""
+def descriptor_limit(attn_backend, mla=False, vllm_version=None, source_ranks=1):
+    """What the shim promises per block (id) read by one decode rank: the NIXL regions one block of its
+    cross-layer layout registers, as the package counts them (xlkv_autopatch.layout.cross_layer_regions):
+    1 for whole rows (vLLM 0.29+), for MLA (one latent page per layer) and on FLASH_ATTN where its
+    cross-layer block keeps the KV heads outermost, 2 elsewhere (K and V regions apart); without
+    ``vllm_version`` a release without whole-row layouts whose FLASH_ATTN block keeps the heads outermost.
+    Times ``source_ranks``, the prefill ranks a decode rank reads each block from (each holds its own
+    heads' slice), except MLA (replicated: read from one)."""
     b = (attn_backend or "").upper()
-    if mla or "MLA" in b:
-        return 1.0
-    return (1.0 if "FLASH_ATTN" in b else 2.0) * max(1, int(source_ranks or 1))
+    replicated = bool(mla or "MLA" in b)
+    release = shim("facts").facts_for(vllm_version) if vllm_version else None
+    regions = float(shim("layout").cross_layer_regions(
+        backend=b, replicated=replicated,
+        fa_heads_outermost=release.fa_heads_outermost if release else True,
+        whole_rows=release.kv_cache_layouts if release else False))
+    return regions if replicated else regions * max(1, int(source_ranks or 1))
 
 
 def source_ranks(tp_p, tp_d):

@@ -22,7 +22,7 @@ import urllib.request
 
 from . import configs
 from .gates import gate
-from .kvmetrics import NotDense, load_registration, model_block_bytes, model_family, registration_bytes_per_block
+from .kvmetrics import NotDense, load_registration, model_block_bytes, model_shape, registration_bytes_per_block
 from .results import gpu_slug
 from .settings import EXIT_SETUP, EXP_DIR, NC_DIR, die, int_setting, log, setting
 
@@ -104,7 +104,7 @@ class Pair:
         self.ngpu, self.gpu_names, self.gpu_slug = 0, [], "cpu"
         self.p_gpus = self.d_gpus = ""
         self.shared_gpu, self.mem_util = False, setting("GPU_MEM_UTIL")
-        self.model = self.model_family = None
+        self.model = self.model_family = self.shape = None
         self.bytes_per_block = self.dense_bytes_per_block = 0
         self.bpb_source = None
         self.p_log = self.d_log = self.proxy_log = None
@@ -174,13 +174,15 @@ class Pair:
             if make_model(setting("MODEL_ARCH"), stdout=sys.stderr) != 0:
                 die(EXIT_SETUP, "make_model.py failed")
         os.environ["MODEL"] = self.model = model
-        self.model_family = model_family(model)
+        # the package's shape (the one make_model.py recorded for a model it generated) at D's TP size
+        self.shape = model_shape(model, self.tp_d)
+        self.model_family = self.shape.family
         try:
             self.bytes_per_block = model_block_bytes(model, int_setting("BLOCK_SIZE"), max(self.tp_p, self.tp_d))
         except NotDense:
             self.bytes_per_block = 0
         self.dense_bytes_per_block = self.bytes_per_block
-        log("model %s (%s)" % (model, self.model_family))
+        log("model %s (%s at decode TP %d; shape from %s)" % (model, self.model_family, self.tp_d, self.shape.source))
 
     def use_registration(self):
         """After D is ready: the bytes one block id moves, from D's registration report.  Without a
@@ -192,7 +194,7 @@ class Pair:
         if bpb:
             self.bytes_per_block, self.bpb_source = bpb, "registration"
             log("bytes per block id: %d (D's registration report %s)" % (bpb, os.path.basename(self.d_reg_report)))
-        elif self.model_family == "dense" and self.dense_bytes_per_block:
+        elif self.dense_bytes_per_block:  # nonzero for a model of full attention alone (model_block_bytes)
             self.bytes_per_block, self.bpb_source = self.dense_bytes_per_block, "dense formula"
             log("NOTE: no usable registration report from D%s: bytes per block from the dense K/V formula (%d)"
                 % (" (%s)" % self.d_reg_report if self.d_reg_report else "", self.bytes_per_block))

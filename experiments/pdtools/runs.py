@@ -105,6 +105,7 @@ def summary_to_file(runs, probes, lengths, meta, out, logprob_tol=0.0, corruptio
     probes = {cfg: {"kv": kv, "backend": (kv or {}).get("attn_backend")} for cfg, kv in probes.items()}
     s = summarize_equivalence(runs, probes, lengths, batch_invariant=meta.get("batch_invariant"),
                               logprob_tol=logprob_tol, corruption=corruption, reference=reference,
+                              vllm_version=meta.get("vllm_version"),
                               source_ranks=source_ranks(meta.get("tp_p"), meta.get("tp_d")))
     s.update(meta)
     with open(out, "w") as f:

@@ -17,10 +17,14 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:  # the package's family names (a checkout run: python3 tests/compat/render_hetero_tp.py)
+    sys.path.append(ROOT)
+from xlkv_autopatch.families import canonical  # noqa: E402  (files before 0.8.3 spell the hybrid "swa")
+
 FILES = os.path.join(ROOT, "experiments", "results", "*-hetero-tp-cpu-*.json")
 DOC = os.path.join(ROOT, "docs", "support-matrix.md")
 START, END = "<!-- hetero-tp:start -->", "<!-- hetero-tp:end -->"
-MODELS = {"dense": "dense, %s KV heads", "swa": "gpt-oss-shaped sliding-window hybrid, 2 KV heads",
+MODELS = {"dense": "dense, %s KV heads", "sliding-window": "gpt-oss-shaped sliding-window hybrid, 2 KV heads",
           "mla": "DeepSeek-V2-shaped MLA"}
 
 
@@ -57,8 +61,8 @@ def rows():
             stock, xlkv = res["runs"].get("stock_" + key), res["runs"].get("xlkv_" + key)
             equal = res["runs"].get("equal_" + key)
             any_run = stock or xlkv or equal
-            model = MODELS[any_run["family"]] % (any_run.get("kv_heads"),) if "%s" in MODELS[any_run["family"]] \
-                else MODELS[any_run["family"]]
+            model = MODELS[canonical(any_run["family"])]
+            model = model % (any_run.get("kv_heads"),) if "%s" in model else model
             backend = any_run.get("attn_backend") or "FLASH_ATTN"
             out.append("| %s | %s%s | %d → %d | %d | %s | %s | %s | [%s](../experiments/results/%s) |" % (
                 res["vllm"], model, "" if backend == "FLASH_ATTN" else ", %s" % backend, any_run["prefill_tp"],

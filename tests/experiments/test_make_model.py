@@ -66,7 +66,8 @@ ARCH_EXPECT = {  # what vLLM is handed for each family (config.json)
     "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=12,
                    sliding_window=256, num_key_value_heads=4, head_dim=256, tie_word_embeddings=False),
 }
-FAMILY = {"qwen3": "dense", "mqa": "dense", "deepseek_v2": "mla", "gemma3": "sliding-hybrid"}
+#: the package's family of each architecture's model at TP 1 (xlkv_autopatch.families)
+FAMILY = {"qwen3": "dense", "mqa": "one-kv-head", "deepseek_v2": "mla", "gemma3": "sliding-window"}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCH_EXPECT))
@@ -80,6 +81,17 @@ def test_each_arch_writes_the_config_vllm_needs(tmp_path, arch):
         assert cfg[k] == v, (k, cfg.get(k))
     assert cfg["vocab_size"] == 32000 and cfg["dtype"] == "bfloat16" and not (tmp_path / ".complete").exists()
     assert pdtools.model_family(str(tmp_path)) == FAMILY[arch]
+    # the shape it generated, recorded beside config.json in the package's axes: what the package's classifier
+    # says of that config.json, so the lab reading the record loses nothing
+    from xlkv_autopatch import families
+
+    record = json.loads((tmp_path / "xlkv-shape.json").read_text())
+    assert (record["family"], record["arch"]) == (FAMILY[arch], arch)
+    for tp in (1, 4):
+        recorded, classified = pdtools.kvmetrics.model_shape(str(tmp_path), tp), families.classify(cfg, tp=tp)
+        assert recorded.source == "xlkv-shape.json"
+        assert (recorded.family, recorded.attention, recorded.mamba, recorded.kv_heads_per_rank) == \
+            (classified.family, classified.attention, classified.mamba, classified.kv_heads_per_rank)
     if arch == "gemma3":   # 5 sliding : 1 full, and the window is shorter than the 1000/4097-token prompts
         assert cfg["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
         assert cfg["sliding_window"] < 1000
@@ -137,11 +149,53 @@ def test_one_table_of_model_shapes_serves_the_gpu_models_and_the_cpu_harness():
     from pdharness import model as harness_model
 
     assert make_model.ARCHS is model_shapes.GPU and harness_model.FAMILIES is model_shapes.HARNESS
-    assert set(model_shapes.SHAPES) == {"dense", "mqa", "mla", "swa"}
+    assert set(model_shapes.SHAPES) == {"dense", "one-kv-head", "mla", "sliding-window"}
     for name, row in model_shapes.SHAPES.items():
         assert model_shapes.FAMILY_OF_ARCH[row["gpu"]["arch"]] == name
         # the same kind of attention on both sides: MLA rows carry a latent cache, hybrids a window
         gpu, cpu = row["gpu"]["fields"], row["harness"]
         assert ("kv_lora_rank" in gpu) == ("mla" in cpu["layers"]) == (cpu["arch"] == "deepseek_v2")
         assert ("sliding_window" in gpu) == ("sliding" in cpu["layers"])
-        assert (gpu.get("num_key_value_heads") == 1) == (name == "mqa") == (cpu["kv_heads"] == 1 and name != "mla")
+        one_head = cpu["kv_heads"] == 1 and name != "mla"
+        assert (gpu.get("num_key_value_heads") == 1) == (name == "one-kv-head") == one_head
+
+
+def test_the_table_is_keyed_by_the_packages_names_and_the_package_classifies_each_row_as_its_key(tmp_path):
+    """Issue 42 item 1: one vocabulary for model shape, owned by the package.  Each row's key is a family
+    name of xlkv_autopatch.families, its ``attention`` an attention kind of the package, and the package's
+    one classifier, given the config each tool writes for the row (make_model.py's GPU config, the
+    harness's config folder), says that family and kind at TP 1."""
+    sys.path.insert(0, EXP)
+    sys.path.insert(0, os.path.join(EXP, "cpu"))
+    import make_model
+    import model_shapes
+    from pdharness import model as harness_model
+    from xlkv_autopatch import families
+
+    assert set(model_shapes.SHAPES) <= set(families.FAMILIES)
+    try:
+        for name, row in model_shapes.SHAPES.items():
+            assert row["attention"] in families.ATTENTION_KINDS, name
+            gpu = families.classify(make_model.arch_fields(row["gpu"]["arch"]))
+            harness_model.set_family(name)
+            harness_model.write_model_dir(str(tmp_path / name))
+            cpu = families.classify(json.loads((tmp_path / name / "config.json").read_text()))
+            for shape in (gpu, cpu):
+                assert (shape.family, shape.attention) == (name, row["attention"]), (name, shape)
+    finally:
+        harness_model.set_family("dense")
+
+
+def test_the_lab_reads_the_recorded_shape_instead_of_classifying_the_config(tmp_path):
+    """make_model.py's record wins over config.json (a model the lab generated is never re-guessed); a
+    folder without one (MODEL=... of a real model) gets the package's classifier, not a rule of the lab's."""
+    import model_shapes
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_key_value_heads": 8}))
+    assert pdtools.model_family(str(tmp_path)) == "dense"
+    assert pdtools.kvmetrics.model_shape(str(tmp_path)).source == "config.json"
+    (tmp_path / model_shapes.SHAPE_FILE).write_text(json.dumps({"attention": "sliding-window", "kv_heads": 8}))
+    assert pdtools.model_family(str(tmp_path)) == "sliding-window"
+    assert pdtools.kvmetrics.model_shape(str(tmp_path), tp=8).kv_heads_per_rank == 1  # both facts kept
+    with pytest.raises(pdtools.NotDense, match="sliding-window model"):
+        pdtools.model_block_bytes(str(tmp_path))

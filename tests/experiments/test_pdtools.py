@@ -140,6 +140,13 @@ def test_blocks_for_prompt_and_limits():
     assert pdtools.descriptor_limit("FLASH_ATTN") == 1.0
     assert pdtools.descriptor_limit("TRITON_ATTN") == 2.0
     assert pdtools.descriptor_limit(None) == 2.0
+    # the release's own rule (xlkv_autopatch.layout.cross_layer_regions): whole rows on 0.29+ for any
+    # backend; on 0.23-0.25 FLASH_ATTN's cross-layer block is blocks-first too
+    assert pdtools.descriptor_limit("TRITON_ATTN", vllm_version="0.33.0") == 1.0
+    assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.26.0") == 1.0
+    assert pdtools.descriptor_limit("FLASHINFER", vllm_version="0.26.0") == 2.0
+    assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.24.0") == 2.0
+    assert pdtools.descriptor_limit("TRITON_MLA", vllm_version="0.24.0") == 1.0
 
 
 PROM_TEXT = """# HELP vllm:nixl_num_descriptors Histogram of number of descriptors per NIXL  KV Cache transfers.
@@ -676,12 +683,18 @@ def _mla_config(tmp_path):
 
 
 def test_model_family_and_the_dense_formula_only_for_dense_models(tmp_path):
+    # the package's classifier and names (xlkv_autopatch.families), not a rule of the lab's own
     assert pdtools.model_family({"model_type": "qwen3", "layer_types": ["full_attention"] * 2,
-                                 "sliding_window": None}) == "dense"
+                                 "sliding_window": None, "num_key_value_heads": 8}) == "dense"
+    assert pdtools.model_family({"model_type": "qwen3", "num_key_value_heads": 8}, tp=8) == "one-kv-head"
     assert pdtools.model_family({"model_type": "deepseek_v2", "kv_lora_rank": 512}) == "mla"
     assert pdtools.model_family({"model_type": "gemma3_text", "sliding_window": 256,
-                                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}) == "sliding-hybrid"
-    assert pdtools.model_family({"model_type": "gemma3", "text_config": {"sliding_window": 512}}) == "sliding-hybrid"
+                                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}) == "sliding-window"
+    assert pdtools.model_family({"model_type": "gemma3", "text_config": {"sliding_window": 512}}) == "sliding-window"
+    # every layer sliding is one KV cache group, not a hybrid; Mamba layers are no dense model
+    assert pdtools.model_family({"model_type": "mistral", "sliding_window": 4096,
+                                 "layer_types": ["sliding_attention"] * 4, "num_key_value_heads": 8}) == "dense"
+    assert pdtools.model_family({"model_type": "qwen3_next", "num_key_value_heads": 2}) == "mamba-hybrid"
     # the dense K/V formula would count an MLA block as 16 * 8 * 2 * 16 * 128 * 2 = 1 MiB (7x too much):
     # it refuses, and the CLI says 0 (unknown) instead of a wrong number
     with pytest.raises(pdtools.NotDense):

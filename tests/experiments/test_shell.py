@@ -688,7 +688,7 @@ def _family_model(tmp_path, family):
     model.mkdir(exist_ok=True)
     cfg = {"mla": {"model_type": "deepseek_v2", "num_hidden_layers": 8, "num_attention_heads": 16,
                    "num_key_value_heads": 16, "hidden_size": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64},
-           "sliding-hybrid": {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 8,
+           "sliding-window": {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 8,
                               "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 2560, "sliding_window": 256,
                               "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2}}[family]
     (model / "config.json").write_text(json.dumps(cfg))
@@ -764,13 +764,15 @@ def test_sliding_window_hybrid_descriptors_are_per_block_id(tmp_path):
     """6 KV cache groups (1 full, 5 sliding with a 17-block window): a P/D answer pulls the full
     group's blocks plus each sliding group's tail; descriptors per block id from the bytes D
     registered per block id."""
-    e = _env(tmp_path, MODEL=_family_model(tmp_path, "sliding-hybrid"), EQ_CONFIGS="stock shim",
+    e = _env(tmp_path, MODEL=_family_model(tmp_path, "sliding-window"), EQ_CONFIGS="stock shim",
              EQ_LENGTHS="5,1000", EQ_JSON=str(tmp_path / "eq.json"), FAKE_KV_GROUPS="6", FAKE_SHIM_DESC="1")
     r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "eq.json").read_text())
-    assert s["reference"] == "pd-stock" and s["model_family"] == "sliding-hybrid" and s["pass"]
+    # the package's names (files before 0.8.3 said "sliding-hybrid"), and the shape's axes beside the name
+    assert s["reference"] == "pd-stock" and s["model_family"] == "sliding-window" and s["pass"]
+    assert (s["model_shape"]["attention"], s["model_shape"]["kv_heads_per_rank"]) == ("sliding-window", 4)
     shim, stock = s["configs"]["shim"], s["configs"]["stock"]
     assert shim["kv_cache_groups"] == 6 and shim["bytes_per_block_source"] == "registration"
     # probe 1600 tokens: 100 + 5 * 17 block ids; 1000 tokens: 63 + 5 * 17

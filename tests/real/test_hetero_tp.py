@@ -264,7 +264,7 @@ def test_xlkv_sliding_window_hybrid_tp1_to_tp2_one_kv_head_per_decode_rank(vllm_
     ranks, one region per block id on every rank, 1 descriptor per block id per remote rank."""
     if release_of(vllm_env) < (0, 29):
         pytest.skip("0.24-0.28: the test below; 0.12-0.23 plan one group or keep the stock layout")
-    r = harness(vllm_env[1], tmp_path, "swa_1to2", "--family", "swa", "--d-tp", "2", env=XLKV, step_timeout=60)
+    r = harness(vllm_env[1], tmp_path, "swa_1to2", "--family", "sliding-window", "--d-tp", "2", env=XLKV, step_timeout=60)
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
     assert _vllm_ranks(r["d_ranks"]) == [(0, 2), (1, 2)]
     for x in r["d_ranks"] + r["p_ranks"]:
@@ -286,7 +286,7 @@ def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_t
     XLKV_EQUAL_TP=true xlkv packs the groups and the handshake refuses the pair, naming the knob."""
     if not (0, 24) <= release_of(vllm_env) < (0, 29):
         pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
-    args = ("--family", "swa", "--d-tp", "2")  # the family's own case: blocks of every KV cache group
+    args = ("--family", "sliding-window", "--d-tp", "2")  # the family's own case: blocks of every KV cache group
     r = harness(vllm_env[1], tmp_path, "swa_1to2", *args, env=XLKV, step_timeout=60)
     _assert_exact_cases(r, 2)
     assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]

@@ -2,20 +2,20 @@
 ``--family``; shapes in experiments/cpu/pdharness/model.py):
 
 - mla: DeepSeek-V2-shaped MLA (one 576-wide latent cache per layer, use_mla in the config),
-- swa: gpt-oss-shaped sliding-window + full hybrid (the planner makes several KV cache groups;
+- sliding-window: gpt-oss-shaped sliding-window + full hybrid (the planner makes several KV cache groups;
   the sliding-window group pulls only its in-window tail),
-- mqa: one KV head (TP 1: the one-KV-head-per-rank registration).
+- one-kv-head: one KV head (MQA) (TP 1: the one-KV-head-per-rank registration).
 
 Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group checked). On
 0.29+ the descriptor targets of issue 32, from what D's vLLM registered and from the one
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
 sides), 1 descriptor per block for MLA, 1 per block id for sliding-window hybrids and 1 per
 block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py; the
-mqa xlkv run's first request is the mixed pair, a prefill on vLLM's own BLNHC, refused). One
+one-kv-head xlkv run's first request is the mixed pair, a prefill on vLLM's own BLNHC, refused). One
 harness run per family and config (a single request carrying every group's block ids): on 0.29+
-releases (CI's time), 8 runs per release (native for mla and swa) and 1 (the planted fault) on the
+releases (CI's time), 8 runs per release (native for mla and sliding-window) and 1 (the planted fault) on the
 newest selected.
-On 0.24-0.28 (issue 33 item 1) the swa family only, stock and xlkv (2 runs; xlkv with XLKV_EQUAL_TP=true,
+On 0.24-0.28 (issue 33 item 1) the sliding-window family only, stock and xlkv (2 runs; xlkv with XLKV_EQUAL_TP=true,
 which packing needs since shim 0.8.0): the flag packs the
 sliding-window and full-attention groups as vLLM's own opt-in (enable_cross_layers_blocks) does,
 1 descriptor per block id, the figure vLLM's opt-in registered in the results file of the release
@@ -33,15 +33,16 @@ import os
 import pytest
 
 from conftest import ROOT, harness, once_per_session, release_of
+from xlkv_autopatch.families import canonical
 
-FAMILIES = ("mla", "swa", "mqa")
+FAMILIES = ("mla", "sliding-window", "one-kv-head")
 CONFIGS = {"stock": ((), {}), "xlkv": ((), {"ENABLE_XLKV": "true"}),
            "native": (("--env", "VLLM_KV_CACHE_LAYOUT=BLNHC"), {})}
 #: 0.24-0.28: vLLM's own opt-in for several KV cache groups (its packed multi-group allocation)
 PACKED_NATIVE = (("--native-opt-in",), {})
 #: the releases whose packed multi-group allocation the shim turns on for sliding-window hybrids
 PACKED = ((0, 24), (0, 29))
-#: descriptors per block id vLLM's own opt-in registered for the swa family, by release: measured
+#: descriptors per block id vLLM's own opt-in registered for the sliding-window family, by release: measured
 #: once (families_matrix.py --config native), read from the results file, not re-run in CI
 NATIVE_FIGURES = {"0.26.0": "experiments/results/2026-11-25-families-cpu-0.26.0.json"}
 
@@ -51,7 +52,7 @@ NATIVE_FIGURES = {"0.26.0": "experiments/results/2026-11-25-families-cpu-0.26.0.
 EQUAL_TP = {"XLKV_EQUAL_TP": "true"}
 
 
-#: the mqa xlkv run's first request goes to a second prefill on vLLM's own BLNHC without the flag
+#: the one-kv-head xlkv run's first request goes to a second prefill on vLLM's own BLNHC without the flag
 #: (one region per layer), which the flagged decode (one region per row) must refuse (issue 34)
 MIXED_PAIR = ("--refused-peer-env", "ENABLE_XLKV=false", "--refused-peer-env", "VLLM_KV_CACHE_LAYOUT=BLNHC")
 
@@ -88,18 +89,18 @@ def runs(vllm_env, tmp_path_factory):
     def get(family, config, *extra):
         key = (family, config) + extra
         if release_of(vllm_env) < (0, 29) and not (
-                (family == "swa" and config in ("stock", "xlkv", "native"))
+                (family == "sliding-window" and config in ("stock", "xlkv", "native"))
                 or (family == "mla" and config in ("stock", "xlkv") and _mla_cross_layer_release(vllm_env))):
             pytest.skip("on vLLM 0.24-0.28 the sliding-window hybrid runs (issue 33 item 1: its KV cache groups "
                         "are packed) and, on 0.26-0.28, MLA (item 2); the rest keeps its 0.24-0.28 layout, "
                         "tests/unit/test_families.py")
         if key not in cache:
             args, env = PACKED_NATIVE if config == "native" and release_of(vllm_env) < (0, 29) else CONFIGS[config]
-            if key == ("mqa", "xlkv"):
+            if key == ("one-kv-head", "xlkv"):
                 args = args + MIXED_PAIR
             if key == ("mla", "xlkv") and release_of(vllm_env) < (0, 29):
                 args = args + MLA_MIXED_PAIR
-            if key == ("swa", "xlkv") and _packed_release(vllm_env):
+            if key == ("sliding-window", "xlkv") and _packed_release(vllm_env):
                 env = dict(env, **EQUAL_TP)  # packed only where every peer runs this TP size (shim 0.8.0)
             cache[key] = harness(vllm_env[1], tmp_path_factory.mktemp("%s-%s" % (family, config)),
                                  "%s-%s" % (family, config), "--family", family, "--case", "groups",
@@ -155,7 +156,7 @@ def test_family_transfer_is_byte_exact(vllm_env, runs, family, config):
 def test_swa_has_several_groups_and_pulls_only_the_window_tail(vllm_env, runs):
     if release_of(vllm_env) < (0, 29) and not _packed_release(vllm_env):
         once_per_session(vllm_env, "the per-group transfer is a 0.24+ target; earlier releases are recorded")
-    r = runs("swa", "stock")
+    r = runs("sliding-window", "stock")
     groups = r["kv_cache_groups"]
     assert len(groups) >= 2, groups  # the hybrid allocator kept the sliding-window layers apart
     case = _groups_case(r)
@@ -171,7 +172,7 @@ def _per_block(r):
     return r["registered"].get("descs_per_block_id", r["descs_per_block"]), _groups_case(r)["xfer_descs_per_block"]
 
 
-@pytest.mark.parametrize("family", ["mla", "swa"])  # mqa: recorded only (issue 34), no native run
+@pytest.mark.parametrize("family", ["mla", "sliding-window"])  # one-kv-head: recorded only (issue 34), no native run
 def test_flag_on_never_more_descriptors_than_vllms_own_setting(vllm_env, runs, family):
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 32's targets are for 0.29+ (VLLM_KV_CACHE_LAYOUT=BLNHC is vLLM's setting there)")
@@ -226,7 +227,7 @@ def test_mla_flag_on_is_one_cross_layer_tensor_where_no_vllm_setting_is(vllm_env
 def test_swa_flag_on_is_one_descriptor_per_block_id(vllm_env, runs):
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 32's sliding-window target is for 0.29+")
-    r = runs("swa", "xlkv")
+    r = runs("sliding-window", "xlkv")
     reg, sent = _per_block(r)
     assert reg == 1 and sent == 1, (reg, sent, r["kv_cache_groups"])
 
@@ -237,8 +238,8 @@ def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
     region."""
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 34's one-KV-head target is for 0.29+")
-    r = runs("mqa", "xlkv")
-    _assert_bytes_exact(r, "mqa")
+    r = runs("one-kv-head", "xlkv")
+    _assert_bytes_exact(r, "one-kv-head")
     reg, sent = _per_block(r)
     assert r["kv_layout"] == "BHLNC" and reg == 1 and sent == 1, (r["kv_layout"], reg, sent,
                                                                   r["d"]["xlkv_log"][-3:])
@@ -251,7 +252,7 @@ def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env,
     (the cases of the same run, against the flagged prefill)."""
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 34's row registration is for 0.29+")
-    r = runs("mqa", "xlkv")
+    r = runs("one-kv-head", "xlkv")
     refused = r["refused_peer"]
     assert "d_died" not in refused, refused.get("d_died")
     text = json.dumps(refused["errors"])
@@ -260,7 +261,7 @@ def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env,
     assert "VLLM_KV_CACHE_LAYOUT=BLNHC or BHLNC) without ENABLE_XLKV" in text, text[-3000:]
     assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], refused
     assert not refused["xfer_calls"], refused
-    _assert_bytes_exact(r, "mqa")
+    _assert_bytes_exact(r, "one-kv-head")
 
 
 def test_swa_with_a_nixl_only_multiconnector_on_one_side_packs_alike(vllm_env, tmp_path):
@@ -270,9 +271,9 @@ def test_swa_with_a_nixl_only_multiconnector_on_one_side_packs_alike(vllm_env, t
     bytes exact, one region per block id."""
     if not _packed_release(vllm_env):
         pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
-    r = harness(vllm_env[1], tmp_path, "swa_multi", "--family", "swa", "--p-connector", "multi",
+    r = harness(vllm_env[1], tmp_path, "swa_multi", "--family", "sliding-window", "--p-connector", "multi",
                 env=dict({"ENABLE_XLKV": "true"}, **EQUAL_TP))
-    _assert_bytes_exact(r, "swa")
+    _assert_bytes_exact(r, "sliding-window")
     assert r["num_regions"] == 1 and _groups_case(r)["xfer_descs_per_block"] == 1, (r["num_regions"],
                                                                                    _groups_case(r))
     assert "packed multi-group" not in json.dumps(r.get("warnings")), r.get("warnings")
@@ -286,16 +287,17 @@ def test_swa_flag_on_packs_the_groups_as_vllms_own_opt_in(vllm_env, runs):
     tagged, so an unflagged peer is refused at the handshake."""
     if not _packed_release(vllm_env):
         pytest.skip("vLLM's packed multi-group allocation exists on 0.24-0.28")
-    stock, xlkv = runs("swa", "stock"), runs("swa", "xlkv")
-    _assert_bytes_exact(stock, "swa")
-    _assert_bytes_exact(xlkv, "swa")
+    stock, xlkv = runs("sliding-window", "stock"), runs("sliding-window", "xlkv")
+    _assert_bytes_exact(stock, "sliding-window")
+    _assert_bytes_exact(xlkv, "sliding-window")
     assert len(xlkv["kv_cache_groups"]) >= 2, xlkv["kv_cache_groups"]
     reg_s, sent_s = _per_block(stock)
     reg_x, sent_x = _per_block(xlkv)
     assert reg_s == len(xlkv["kv_cache_groups"][0]["layers"]) > 1, (reg_s, stock["kv_cache_groups"])
     path = NATIVE_FIGURES.get(vllm_env[0])
     if path is not None:  # vLLM's own opt-in, measured once on this release
-        native = json.load(open(os.path.join(ROOT, path)))["runs"]["swa"]["native"]
+        runs_then = json.load(open(os.path.join(ROOT, path)))["runs"]  # a file of 2026-11-25: "swa"
+        native = {canonical(k): v for k, v in runs_then.items()}["sliding-window"]["native"]
         assert native["native_opt_in"] is True and native["transfer_verified"] is True, native.get("errors")
         reg_n = native["registered"]["descs_per_block_id"]
         sent_n = native["cases"]["groups"]["xfer_descs_per_block"]
@@ -313,7 +315,7 @@ def test_shifted_block_of_one_group_is_caught(vllm_env, runs):
     """Planted fault: D's last KV cache group gets its first received block replaced by the
     next block (a descriptor shifted by one). The per-group byte check must name that group."""
     once_per_session(vllm_env, "the harness's own fault detection")
-    r = runs("swa", "xlkv", "--plant-fault", "shift-group")
+    r = runs("sliding-window", "xlkv", "--plant-fault", "shift-group")
     case = _groups_case(r)
     assert r["transfer_verified"] is False and case["bytes_ok"] is False, case
     assert case["recv_done"] is True, case

@@ -180,3 +180,23 @@ def test_equal_tp_keeps_cross_layer_blocks_that_serve_one_tp_size(status, vllm, 
     assert served or "XLKV_EQUAL_TP=true is set" in info["pair"]["reason"]
     rc, info = status(vllm, name, "--prefill-tp", str(p_tp), "--decode-tp", str(d_tp))
     assert info["pair"]["served"] is True
+
+
+def test_status_asks_the_run_times_backend_step(status, monkeypatch):
+    """Issue 42 item 3: the "backends whose cross-layer blocks cannot be sliced by KV heads keep the stock
+    layout unless XLKV_EQUAL_TP" step is one function (families.kept_stock_for_any_tp), which the
+    preference patch asks at run time (tests/unit/test_families.py) and status here: a planted answer shows."""
+    from xlkv_autopatch import families
+
+    rc, info = status("0.26.0", "llama-70b", "--tp", "4")
+    assert info["model"]["layout"] == "one cross-layer KV tensor"
+    assert info["model"]["notes"][-1].startswith("with FLASH_ATTN; other attention backends (FLASHINFER")
+    real = families.kept_stock_for_any_tp
+    monkeypatch.setattr(families, "kept_stock_for_any_tp", lambda b, release, equal_tp: "PLANTED %s" % b if
+                        b == "FLASH_ATTN" else real(b, release, equal_tp=equal_tp))
+    rc, info = status("0.26.0", "llama-70b", "--tp", "4")
+    assert (info["model"]["layout"], info["model"]["reason"]) == ("stock", "PLANTED FLASH_ATTN")
+    # XLKV_EQUAL_TP=true reaches the step through status's one knob read
+    monkeypatch.setattr(families, "kept_stock_for_any_tp", real)
+    rc, info = status("0.24.0", "llama-70b", "--tp", "4", XLKV_EQUAL_TP="true")
+    assert info["model"]["layout"] == "one cross-layer KV tensor"

@@ -1,4 +1,4 @@
-"""The engine's model facts, gathered from vLLM objects for :func:`xlkv_autopatch.families.decide`.
+"""The engine's model shape, gathered from vLLM objects for :func:`xlkv_autopatch.families.decide`.
 
 Every patch that treats model families differently (kv_cache_layout.py on 0.29+,
 cross_layer_preference.py and model_runner.py on 0.12-0.28, packed_kv_cache_config.py on 0.24-0.28)
@@ -28,21 +28,22 @@ def _kv_heads_per_rank(model, parallel):
     return heads if isinstance(heads, int) else None
 
 
-def model_facts(vllm_config, *, backends=None, kv_cache_groups=None):
-    """ModelFacts of the engine's model, or None without a model config.  ``kv_cache_groups``: how
-    many KV cache groups vLLM planned, where the caller knows it (connector, planner, worker)."""
+def model_shape(vllm_config, *, backends=None, kv_cache_groups=None):
+    """families.classify of the engine's model with vLLM's own answers, or None without a model config.
+    ``kv_cache_groups``: how many KV cache groups vLLM planned, where the caller knows it (connector,
+    planner, worker)."""
     model = getattr(vllm_config, "model_config", None)
     if model is None:
         return None
     parallel = getattr(vllm_config, "parallel_config", None)
     hf = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
     use_mla = bool(getattr(model, "use_mla", False))
-    return families.facts_from_config(
-        lambda name: getattr(hf, name, None),
+    return families.classify(
+        hf,
         use_mla=use_mla,
         mamba=bool(getattr(model, "is_hybrid", False)),
         kv_heads_per_rank=_kv_heads_per_rank(model, parallel),
-        pp_size=getattr(parallel, "pipeline_parallel_size", 1) or 1,
+        pp=getattr(parallel, "pipeline_parallel_size", 1) or 1,
         backends=(backends if backends is not None else (_backend_names(vllm_config) if use_mla else ())),
         kv_cache_groups=kv_cache_groups,
     )
@@ -58,11 +59,9 @@ def decision(vllm_config, *, kv_cache_groups=None):
     """families.decide for this engine on the installed release, or None without a model config.
     ``kv_cache_groups``: the number of KV cache groups vLLM planned, where the caller knows it."""
     release = facts.current()
-    layouts = release.kv_cache_layouts
     # the attention backends only tell sparse MLA apart, which matters where MLA can be packed
-    mla = release.mla_cross_layer_backends
-    found = model_facts(vllm_config, backends=None if layouts or mla else (), kv_cache_groups=kv_cache_groups)
+    found = model_shape(vllm_config, backends=None if release.kv_cache_layouts or release.mla_cross_layer_backends
+                        else (), kv_cache_groups=kv_cache_groups)
     if found is None:
         return None
-    return families.decide(found, block_outermost_layouts=layouts, packed_groups=release.packed_groups,
-                           mla_backends=mla, equal_tp=equal_tp())
+    return families.decide(found, release, equal_tp=equal_tp())

@@ -154,11 +154,8 @@ def native_wrapper(wrapped, instance, args, kwargs):
 
 def _unsliceable(backend):
     """Why this engine keeps the stock layout instead of cross-layer blocks of ``backend`` that
-    cannot be sliced by KV heads (layout.kept_for_any_tp), or None: they can, or XLKV_EQUAL_TP is on."""
-    if equal_tp():
-        return None
-    why = layout.sliced_by_heads(backend=backend, fa_heads_outermost=facts.current().fa_heads_outermost)
-    return layout.kept_for_any_tp(why) if why else None
+    cannot be sliced by KV heads (families.kept_stock_for_any_tp, which status asks too), or None."""
+    return families.kept_stock_for_any_tp(backend, facts.current(), equal_tp=equal_tp())
 
 
 def _mla_decision(getter, connector, model):

@@ -21,9 +21,9 @@ def build_parser():
                     help="run only these cases (default: all, in order; a model with several KV cache "
                          "groups: groups)")
     ap.add_argument("--family", choices=model.FAMILY_NAMES, default="dense",
-                    help="the model's shape (pdharness/model.py FAMILIES): dense (tiny Llama), mqa (one KV "
-                         "head), mla (DeepSeek-V2-shaped MLA), swa (gpt-oss-shaped sliding-window + full "
-                         "hybrid: several KV cache groups)")
+                    help="the model's shape (pdharness/model.py FAMILIES, keyed by the package's family names): "
+                         "dense (tiny Llama), one-kv-head (MQA: one KV head), mla (DeepSeek-V2-shaped MLA), "
+                         "sliding-window (gpt-oss-shaped sliding-window + full hybrid: several KV cache groups)")
     ap.add_argument("--native-opt-in", action="store_true",
                     help="kv_connector_extra_config enable_cross_layers_blocks=True (0.16-0.28)")
     ap.add_argument("--p-env", action="append", default=[], metavar="KEY=VAL")

@@ -60,7 +60,7 @@ def kernel_block_sizes(runner, kvcc):
 def block_ids_arg(state, ids):
     """Flat list on releases whose ReqMeta.local_block_ids is list[int], else one list
     per KV cache group. ``ids`` is a flat list (one KV cache group) or, on a model with
-    several groups (--family swa), one list per group."""
+    several groups (--family sliding-window), one list per group."""
     if ids and isinstance(ids[0], (list, tuple)):
         if len(ids) > 1:
             return tuple(list(g) for g in ids)

@@ -4,16 +4,16 @@
 ``set_family``), and ``--kv-heads`` may override its KV heads; so read the module's
 globals as ``model.NUM_KV_HEADS`` etc. at call time, never import the names.
 
-Families (what vLLM sees; the harness builds each layer's KV cache spec the way the
-model's attention layers would):
-  dense  tiny Llama: 4 full-attention layers, 2 KV heads x 64 (the original shape)
-  mqa    the same with one KV head (TP 1 reaches the one-KV-head-per-rank registration)
-  mla    DeepSeek-V2-shaped: 4 MLA layers, one latent cache per layer (kv_lora_rank 512 +
-         qk_rope_head_dim 64 = 576 per token, no K/V split), use_mla True in the model config
-  swa    gpt-oss-shaped hybrid: 6 layers alternating sliding-window (window 32 tokens =
-         2 blocks) and full attention, 2 KV heads x 64: vLLM's planner makes one KV cache
-         group per attention type (hybrid allocator on), the sliding-window group pulls
-         only its in-window tail
+Families (the package's names, xlkv_autopatch/families.py; what vLLM sees: the harness builds
+each layer's KV cache spec the way the model's attention layers would):
+  dense           tiny Llama: 4 full-attention layers, 2 KV heads x 64 (the original shape)
+  one-kv-head     the same with one KV head (TP 1 reaches the one-KV-head-per-rank registration)
+  mla             DeepSeek-V2-shaped: 4 MLA layers, one latent cache per layer (kv_lora_rank 512 +
+                  qk_rope_head_dim 64 = 576 per token, no K/V split), use_mla True in the model config
+  sliding-window  gpt-oss-shaped hybrid: 6 layers alternating sliding-window (window 32 tokens =
+                  2 blocks) and full attention, 2 KV heads x 64: vLLM's planner makes one KV cache
+                  group per attention type (hybrid allocator on), the sliding-window group pulls
+                  only its in-window tail
 """
 import json
 import os
