@@ -22,7 +22,8 @@ median in ms -- the split of the P/D TTFT that pd_bench.sh records per repetitio
 --trace FILE: one JSON line per answered request with the wall-clock times (time.time(), the clock
 the engines' handoff trace uses: experiments/negative_control/xlkv_handoff_trace.py) of: the
 request's arrival (t_in), the request sent to P (t_p_sent), P's answer (t_p_answer), the request sent
-to D (t_d_sent), D's first byte (t_d_first) and D's last (t_d_done); pdtools/handoff.py joins them
+to D (t_d_sent), D's first byte (t_d_first; a request not streamed: D's whole answer, as t_d_done) and
+D's last (t_d_done); a request that failed writes no line; pdtools/handoff.py joins them
 with the engines' lines by the X-Request-Id the proxy gives both (``rid``).
 
 usage: pd_proxy.py --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
@@ -107,7 +108,7 @@ def timing_summary(split):
 class Proxy:
     def __init__(self, prefill, decode, timeout_s, token_ids=False, trace=None):
         self.token_ids = token_ids
-        self.trace = open(trace, "a", buffering=1) if trace else None
+        self.trace_path, self.trace = trace, None
         self.prefill = prefill.rstrip("/")
         self.decode = decode.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -118,9 +119,13 @@ class Proxy:
 
     async def start(self, app):
         self.session = aiohttp.ClientSession(timeout=self.timeout)
+        if self.trace_path:
+            self.trace = open(self.trace_path, "a", buffering=1)
 
     async def stop(self, app):
         await self.session.close()
+        if self.trace is not None:
+            self.trace.close()
 
     def _headers(self, request, rid):
         h = {"Content-Type": "application/json", "X-Request-Id": rid}

@@ -65,11 +65,13 @@ def load(folders, proxy=None):
 
 
 def _by_request(events):
-    """request id -> {event: first time} (``recv_done``/``read_start``/``read_posted``: first and
-    last time over ranks), plus the ``sched`` line's fields."""
+    """(engine id, request id) -> {event: first time} (``recv_done``/``read_start``/``read_posted``/
+    ``send_done``: first and last time over ranks), plus the ``sched`` line's fields.  Keyed by engine
+    too: P and D may know a request by the same id (releases before vLLM's per-engine suffix, routers that
+    give both the same id)."""
     reqs = {}
     for e in sorted((e for e in events if isinstance(e.get("req"), str)), key=lambda e: e["t"]):
-        r = reqs.setdefault(e["req"], {"ranks": set()})
+        r = reqs.setdefault((e.get("engine"), e["req"]), {"ranks": set()})
         ev, t = e["ev"], e["t"]
         if e.get("rank") is not None:
             r["ranks"].add(e["rank"])
@@ -79,7 +81,7 @@ def _by_request(events):
         elif ev not in r:
             r[ev] = t
         if ev == "sched":
-            for k in ("side", "remote", "engine", "prompt_tokens"):
+            for k in ("side", "remote", "remote_engine", "prompt_tokens"):
                 if k in e:
                     r[k] = e[k]
     return reqs
@@ -89,46 +91,40 @@ def _ms(a, b):
     return None if a is None or b is None else (b - a) * 1e3
 
 
+def _prefill_of(reqs, engine, d):
+    """P's record of D's request: by D's (remote_engine, remote), else the one P-side record of that id
+    on another engine."""
+    p = reqs.get((d.get("remote_engine"), d.get("remote")))
+    if p is None:
+        found = [r for (eng, req), r in reqs.items() if req == d.get("remote") and eng != engine
+                 and r.get("side") != "D"]
+        p = found[0] if len(found) == 1 else None
+    return p or {}
+
+
 def split(events, proxy_records=(), window=None):
     """One row per D request (a request with do_remote_prefill that D's scheduler saw): its parts in
     ms (None where an end is missing), the ids it was joined by, and ``complete`` (every part known).
     ``window``: (t0, t1), keep requests whose first time (the proxy's arrival, else D's scheduler) lies
     inside."""
     reqs = _by_request(events)
-    by_rid = {}
-    for rid, r in reqs.items():
-        m = RID.search(rid)
-        if m:
-            by_rid.setdefault(m.group(0), []).append(rid)
     proxy = {p["rid"]: p for p in proxy_records if "rid" in p}
     rows = []
-    for rid, d in reqs.items():
+    for (engine, rid), d in reqs.items():
         if d.get("side") != "D":
             continue
-        p = reqs.get(d.get("remote")) or {}
-        m = RID.search(rid)
-        px = proxy.get(m.group(0)) if m else None
-        if px is None and p:  # the proxy's id may only be in P's request id
-            m = RID.search(d.get("remote") or "")
-            px = proxy.get(m.group(0)) if m else None
-        px = px or {}
+        p = _prefill_of(reqs, engine, d)
+        m = RID.search(rid) or RID.search(d.get("remote") or "")  # the proxy's id, in D's or P's request id
+        px = (proxy.get(m.group(0)) if m else None) or {}
         start = px.get("t_in", d.get("sched"))
         if window and not (start is not None and window[0] <= start <= window[1]):
             continue
-        parts = {
-            "proxy_to_p": _ms(px.get("t_in"), px.get("t_p_sent")),
-            "p_admission": _ms(px.get("t_p_sent"), p.get("sched")),
-            "p_prefill": _ms(p.get("sched"), p.get("finished")),
-            "p_answer": _ms(p.get("finished"), px.get("t_p_answer")),
-            "proxy_to_d": _ms(px.get("t_p_answer"), px.get("t_d_sent")),
-            "d_admission": _ms(px.get("t_d_sent"), d.get("sched")),
-            "d_alloc": _ms(d.get("sched"), d.get("alloc")),
-            "d_dispatch": _ms(d.get("alloc"), d.get("read_start_first")),
-            "transfer": _ms(d.get("read_start_first"), d.get("recv_done_last")),
-            "d_notice": _ms(d.get("recv_done_last"), d.get("noticed_recv")),
-            "d_first_token": _ms(d.get("noticed_recv"), px.get("t_d_first")),
-            "p_to_d": _ms(p.get("finished"), d.get("sched")),
-        }
+        # each part ends where the next begins: the marks in the order a request goes through them
+        marks = [px.get("t_in"), px.get("t_p_sent"), p.get("sched"), p.get("finished"), px.get("t_p_answer"),
+                 px.get("t_d_sent"), d.get("sched"), d.get("alloc"), d.get("read_start_first"),
+                 d.get("recv_done_last"), d.get("noticed_recv"), px.get("t_d_first")]
+        parts = {name: _ms(a, b) for name, a, b in zip(PARTS, marks, marks[1:])}
+        parts["p_to_d"] = _ms(p.get("finished"), d.get("sched"))
         row = {"d_request": rid, "p_request": d.get("remote"), "rid": px.get("rid"), "ranks": len(d["ranks"]),
                "prompt_tokens": d.get("prompt_tokens"), "parts_ms": parts,
                "read_posting_ms": _ms(d.get("read_start_first"), d.get("read_posted_last")),

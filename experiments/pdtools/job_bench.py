@@ -182,7 +182,9 @@ def main():
                     n = num_prompts_for(length, conc)
                     results, kvs, proxies = [], [], []
                     for rep in range(1, reps + 1):
-                        seed = 1000 + 100 * li + rep  # no prompt repeats across reps and levels (no prefix-cache hit)
+                        # vLLM's random dataset makes a shorter prompt of a seed the prefix of a longer one: a seed
+                        # per length, level and rep, so no measured prompt hits a prefix cached before it
+                        seed = 1000 + 10000 * input_lens.index(length) + 100 * li + rep
                         tag = "%s-%d-%d%s-r%d-%s" % (cfg, length, n, "-c%d" % conc if conc else "", rep,
                                                  time.strftime("%H%M%S"))
                         res = os.path.join(work, "bench", tag + ".json")

@@ -23,6 +23,7 @@ counters, and the descriptor-per-block arithmetic.
   ``vllm:nixl_num_descriptors`` and ``vllm:nixl_bytes_transferred`` (``_sum``/``_count``).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -285,11 +286,17 @@ def descriptor_limit(attn_backend, mla=False, vllm_version=None, source_ranks=1)
     return regions if replicated else regions * max(1, int(source_ranks or 1))
 
 
-def source_ranks(tp_p, tp_d):
-    """How many prefill ranks one decode rank reads each block from: prefill TP / decode TP when the
-    prefill's is larger (each holds a slice of the KV heads), else 1."""
-    tp_p, tp_d = int(tp_p or 1), int(tp_d or 1)
-    return tp_p // tp_d if tp_p > tp_d else 1
+def source_ranks(tp_p, tp_d, shape=None):
+    """How many prefill ranks one decode rank reads each block from, as the package counts them
+    (xlkv_autopatch.layout.remote_sources: 1 where decode TP >= prefill TP or the cache is replicated,
+    else prefill TP / decode TP, fewer where prefill ranks share a KV head); ``shape``: the model's
+    (families.ModelShape, or its dict as the results record it), for its KV heads and attention kind; 1 for
+    a pairing vLLM refuses (nothing is read then)."""
+    shape = shape if isinstance(shape, dict) else (dataclasses.asdict(shape) if shape is not None else {})
+    n, _why = shim("layout").remote_sources(prefill_tp=int(tp_p or 1), decode_tp=int(tp_d or 1),
+                                            kv_heads=shape.get("kv_heads"),
+                                            replicated=shape.get("attention") in shim("families").REPLICATED)
+    return n or 1
 
 
 def kv_summary(kv, bytes_per_block):

@@ -221,22 +221,22 @@ class Pair:
             envs.append(("VLLM_KV_CACHE_LAYOUT", setting("KV_LAYOUT", "HND")))
         envs += list(s.env.items())
         is_d = name.startswith("D")
-        if self.trace_dir:  # the handoff trace on P and D (the negative-control folder's hook arms it)
+        # the negative-control folder's import hook: D's registration report (every config, stock too) and
+        # the handoff trace (P and D); nc-* configs have it on D's PYTHONPATH already
+        if (self.trace_dir or (is_d and setting("REG_REPORT") == "1")) and "PYTHONPATH" not in (
+                s.d_env if is_d else {}):
+            envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
+        if self.trace_dir:
             envs.append(("XLKV_TRACE_HANDOFF", self.trace_dir))
-            if "PYTHONPATH" not in (s.d_env if is_d else {}):
-                envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
         if is_d:
             envs += list(s.d_env.items())
-            # the registration report (every config, stock too): the negative-control folder's import
-            # hook on D's PYTHONPATH (nc-* configs have it there already) reads what vLLM registered
+            # the registration report: the hook reads what vLLM registered
             self.d_reg_report = None
             if setting("REG_REPORT") == "1":
                 self.d_reg_report = logf[:-len(".log")] + "-registration.json" if logf.endswith(".log") else \
                     logf + "-registration.json"
                 if os.path.exists(self.d_reg_report):
                     os.remove(self.d_reg_report)
-                if "PYTHONPATH" not in s.d_env and not self.trace_dir:
-                    envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
                 envs.append(("XLKV_REGISTRATION_REPORT", self.d_reg_report))
         cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host", "127.0.0.1",
                "--port", str(port), "--enforce-eager", "--block-size", setting("BLOCK_SIZE"),

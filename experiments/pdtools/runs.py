@@ -106,7 +106,7 @@ def summary_to_file(runs, probes, lengths, meta, out, logprob_tol=0.0, corruptio
     s = summarize_equivalence(runs, probes, lengths, batch_invariant=meta.get("batch_invariant"),
                               logprob_tol=logprob_tol, corruption=corruption, reference=reference,
                               vllm_version=meta.get("vllm_version"),
-                              source_ranks=source_ranks(meta.get("tp_p"), meta.get("tp_d")))
+                              source_ranks=source_ranks(meta.get("tp_p"), meta.get("tp_d"), meta.get("model_shape")))
     s.update(meta)
     with open(out, "w") as f:
         json.dump(s, f, indent=1, sort_keys=True)

@@ -16,17 +16,17 @@ from pdtools import handoff  # noqa: E402
 P_ID, D_ID, RID = "cmpl-pd-1700000000000-7-0-ab12cd34", "cmpl-pd-1700000000000-7-0-99ff00ee", "pd-1700000000000-7"
 
 
-def _events(t=100.0, ranks=2):
-    ev = [dict(t=t + 0.010, ev="sched", req=P_ID, side="P"),
-          dict(t=t + 0.200, ev="finished", req=P_ID),
-          dict(t=t + 0.230, ev="sched", req=D_ID, side="D", remote=P_ID),
-          dict(t=t + 0.231, ev="alloc", req=D_ID),
-          dict(t=t + 0.232, ev="meta", req=D_ID),
-          dict(t=t + 0.260, ev="noticed_recv", req=D_ID)]
+def _events(t=100.0, ranks=2, p_id=P_ID, d_id=D_ID):
+    ev = [dict(t=t + 0.010, ev="sched", req=p_id, side="P", engine="P0"),
+          dict(t=t + 0.200, ev="finished", req=p_id, engine="P0"),
+          dict(t=t + 0.230, ev="sched", req=d_id, side="D", remote=p_id, remote_engine="P0", engine="D0"),
+          dict(t=t + 0.231, ev="alloc", req=d_id, engine="D0"),
+          dict(t=t + 0.232, ev="meta", req=d_id, engine="D0"),
+          dict(t=t + 0.260, ev="noticed_recv", req=d_id, engine="D0")]
     for r in range(ranks):
-        ev += [dict(t=t + 0.240 + r * 0.001, ev="read_start", req=D_ID, rank=r),
-               dict(t=t + 0.241 + r * 0.001, ev="read_posted", req=D_ID, rank=r),
-               dict(t=t + 0.250 + r * 0.002, ev="recv_done", req=D_ID, rank=r)]
+        ev += [dict(t=t + 0.240 + r * 0.001, ev="read_start", req=d_id, rank=r, engine="D0"),
+               dict(t=t + 0.241 + r * 0.001, ev="read_posted", req=d_id, rank=r, engine="D0"),
+               dict(t=t + 0.250 + r * 0.002, ev="recv_done", req=d_id, rank=r, engine="D0")]
     return ev
 
 
@@ -46,6 +46,17 @@ def test_parts_join_p_d_and_proxy_and_add_up_to_the_proxy_ttft():
     assert handoff.check(rows) == []
     s = handoff.summary(rows)
     assert s["complete"] == 1 and s["parts_ms"]["transfer"]["p50"] == 12.0
+
+
+def test_p_and_d_knowing_the_request_by_one_id_stay_apart():
+    """Releases before vLLM's per-engine suffix, and routers that give both sides one id: the engine keeps
+    P's and D's events apart (merged, D's scheduler line would be P's)."""
+    same = "cmpl-pd-1700000000000-7-0"
+    rows = handoff.split(_events(p_id=same, d_id=same), [PROXY])
+    assert len(rows) == 1 and rows[0]["complete"] and handoff.check(rows) == []
+    assert round(rows[0]["parts_ms"]["d_alloc"], 3) == 1.0 and round(rows[0]["parts_ms"]["p_prefill"], 3) == 190.0
+    no_engine = [dict(e, remote_engine=None) if e["ev"] == "sched" else e for e in _events(p_id=same, d_id=same)]
+    assert round(handoff.split(no_engine, [PROXY])[0]["parts_ms"]["p_prefill"], 3) == 190.0  # by id on the other engine
 
 
 def test_without_the_proxy_the_engines_alone_give_the_split_from_p_to_ds_notice():
@@ -96,7 +107,7 @@ class Req:
     def __init__(self, rid, params): self.request_id, self.kv_transfer_params, self.num_prompt_tokens = rid, params, 64
 
 class NixlConnector:
-    engine_id = "eng"
+    def __init__(self, engine_id="eng-d"): self.engine_id = engine_id
     def get_num_new_matched_tokens(self, request, num_computed_tokens): return (48, True)
     def update_state_after_alloc(self, request, blocks, num_external_tokens): return "alloc-ret"
     def build_connector_meta(self, scheduler_output): return Meta(scheduler_output)
@@ -109,11 +120,11 @@ mod.NixlConnector = NixlConnector
 sys.modules[mod.__name__] = mod
 import xlkv_handoff_trace as t
 assert t.install()
-c = NixlConnector()
-d = Req("d1", {"do_remote_prefill": True, "remote_request_id": "p1"})
+c, cp = NixlConnector(), NixlConnector("eng-p")
+d = Req("d1", {"do_remote_prefill": True, "remote_request_id": "p1", "remote_engine_id": "eng-p"})
 p = Req("p1", {"do_remote_decode": True})
-assert c.get_num_new_matched_tokens(p, 0) == (48, True)
-assert c.request_finished(p, [1, 2]) == (True, {"remote_request_id": "p1"})
+assert cp.get_num_new_matched_tokens(p, 0) == (48, True)
+assert cp.request_finished(p, [1, 2]) == (True, {"remote_request_id": "p1"})
 assert c.get_num_new_matched_tokens(d, 0) == (48, True)
 c.get_num_new_matched_tokens(d, 0)  # a second look: no second line
 assert c.update_state_after_alloc(d, None, 48) == "alloc-ret"
@@ -143,6 +154,7 @@ def test_trace_hook_passes_through_and_writes_each_event(tmp_path):
                    ("read_start", "d1"), ("read_posted", "d1"), ("send_done", "p1"), ("recv_done", "d1"),
                    ("noticed_recv", "d1")]
     d_sched = lines[3]
-    assert (d_sched["side"], d_sched["remote"], lines[1]["side"]) == ("D", "p1", "P")
+    assert (d_sched["side"], d_sched["remote"], d_sched["remote_engine"], lines[1]["side"]) == ("D", "p1", "eng-p", "P")
+    assert {x["engine"] for x in lines[1:] if x["req"] == "p1" and x["ev"] != "send_done"} == {"eng-p"}
     rows = handoff.split(lines, [])
     assert len(rows) == 1 and rows[0]["complete"] and handoff.check(rows) == []

@@ -331,6 +331,8 @@ def _run(label_lens, shift=0, lp_shift=0.0, kv=True, logprobs=True):
 def test_source_ranks_and_the_per_remote_rank_limit():
     from pdtools.kvmetrics import descriptor_limit, source_ranks
     assert [source_ranks(p, d) for p, d in ((1, 1), (2, 1), (4, 1), (4, 2), (1, 2), (1, 4))] == [1, 2, 4, 2, 1, 1]
+    assert source_ranks(2, 1, {"attention": "mla", "kv_heads": None}) == 1  # replicated latent cache: one rank
+    assert source_ranks(4, 1, {"attention": "full", "kv_heads": 2}) == 1  # vLLM refuses P TP > KV heads: nothing read
     assert descriptor_limit("FLASH_ATTN", source_ranks=2) == 2.0 and descriptor_limit("TRITON_ATTN", source_ranks=2) == 4.0
     assert descriptor_limit("FLASH_ATTN", mla=True, source_ranks=2) == 1.0  # MLA: read from one prefill rank
 

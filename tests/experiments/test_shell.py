@@ -505,23 +505,29 @@ def test_bench_concurrency_levels_are_cells_of_their_own_on_the_same_servers_wit
     and the proxy writes its per-request times (the fake vLLM has no NixlConnector: no engine lines)."""
     pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
     res = tmp_path / "results" / "r.json"
-    e = _env(tmp_path, CONFIGS="prefill_only stock", INPUT_LENS="64", NUM_PROMPTS="3", REPS="1",
+    e = _env(tmp_path, CONFIGS="prefill_only stock", INPUT_LENS="64 32", NUM_PROMPTS="3", REPS="1",
              WARMUP_PROMPTS="1", CONCURRENCY="1 2", HANDOFF_TRACE="1", RESULT_JSON=str(res))
     r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    cells = {(c["config"], c["max_concurrency"]): c for c in json.loads(res.read_text())["cells"]}
+    every = json.loads(res.read_text())["cells"]
+    cells = {(c["config"], c["max_concurrency"]): c for c in every if c["input_len"] == 64}
     assert set(cells) == {(cfg, c) for cfg in ("prefill_only", "stock") for c in (1, 2)}
-    for (cfg, c), cell in cells.items():
-        cmds = [x for x in cell["commands"] if "bench serve" in x and "--seed 99 " not in x]
-        mine = [x for x in cmds if "--max-concurrency %d" % c in x]
-        assert len(mine) == 1 and ("--seed %d " % (1001 + 100 * (c - 1))) in mine[0], cmds
+    seeds = set()
+    for cell in every:  # a seed per length, level and rep: a shorter prompt is never the prefix of a measured one
+        c, i = cell["max_concurrency"], [64, 32].index(cell["input_len"])
+        cmds = [x for x in cell["commands"] if "bench serve" in x and "--seed 99 " not in x
+                and "--random-input-len %d " % cell["input_len"] in x and "--max-concurrency %d" % c in x]
+        seed = 1001 + 10000 * i + 100 * (c - 1)
+        assert len(cmds) == 1 and ("--seed %d " % seed) in cmds[0], cmds
+        seeds.add((cell["config"], seed))
+    assert len(seeds) == 8
     assert r.stderr.count("start P[stock]") == 1  # both levels on one pair
     work = tmp_path / "work"
     p_cmd = [x for x in (work / "commands.txt").read_text().splitlines() if x.startswith("P[stock]")]
     assert "XLKV_TRACE_HANDOFF=%s" % (work / "bench-stock-trace") in p_cmd[0] and "negative_control" in p_cmd[0]
     proxy = [json.loads(x) for x in (work / "bench-stock-trace" / "proxy.jsonl").read_text().splitlines()]
-    assert len(proxy) == 1 + 3 + 3  # the warm-up and both levels
+    assert len(proxy) == 2 * (1 + 3 + 3)  # per length: the warm-up and both levels
     assert [h["requests"] for h in cells[("stock", 1)]["handoff_trace"]] == [0]  # no engine lines: no D rows
     assert cells[("prefill_only", 1)]["handoff_trace"] == [None]
     md = open(str(res)[:-5] + ".md").read()

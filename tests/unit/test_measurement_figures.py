@@ -168,8 +168,10 @@ def per_remote_rank_pass(name):
     d, c = eq(name), eq(name)["configs"]["shim"]
     ok = (d["equivalence_pass"] and d["logprob_pass"] and d["transfers_pass"] and d["negative_control_pass"]
           and d["pd_vs_pd_stock"] == {"pd:shim": []}
-          and c["descriptors_per_block"] <= descriptor_limit(c["attn_backend"], source_ranks=source_ranks(
-              d["tp_p"], d["tp_d"])) and c["descriptor_pass"] is False)
+          and c["descriptors_per_block"] <= descriptor_limit(c["attn_backend"], vllm_version=d["vllm_version"],
+                                                             source_ranks=source_ranks(d["tp_p"], d["tp_d"],
+                                                                                       d.get("model_shape")))
+          and c["descriptor_pass"] is False)  # what the file's own summary said (the doc says so too)
     return ok
 
 
