@@ -277,14 +277,14 @@ def sliced_by_heads(*, backend: str, fa_heads_outermost: bool) -> Optional[str]:
             "KV heads are not one range of a block" % backend)
 
 
-def cross_layer_regions(*, backend: str, fa_heads_outermost: bool = True, whole_rows: bool = False,
-                        replicated: bool = False) -> int:
+def cross_layer_regions(*, backend: str, whole_rows: bool = False, replicated: bool = False) -> int:
     """NIXL regions one block (id) of xlkv's cross-layer layout registers, before NIXL merges neighbours:
     1 for a whole-row layout (vLLM >= 0.29: ``whole_rows``), for a replicated latent cache (MLA: one
-    latent page per layer, no K/V split) and for a cross-layer block whose KV heads are outermost
-    (:func:`sliced_by_heads`: FLASH_ATTN where the release's ``fa_heads`` column says so); 2 for a
-    blocks-first backend's block (K and V apart).  The lab's descriptor limit asks it."""
-    if whole_rows or replicated or sliced_by_heads(backend=backend, fa_heads_outermost=fa_heads_outermost) is None:
+    latent page per layer, no K/V split) and for FLASH_ATTN's cross-layer block (K and V inside each
+    block, whether or not its KV heads are outermost: 0.23-0.25's registered 1 region per block in the
+    supported-releases matrix); at most 2 for another backend's block (K and V may lie apart).  The
+    lab's descriptor limit asks it."""
+    if whole_rows or replicated or backend == "FLASH_ATTN":
         return 1
     return 2
 

@@ -141,11 +141,11 @@ def test_blocks_for_prompt_and_limits():
     assert pdtools.descriptor_limit("TRITON_ATTN") == 2.0
     assert pdtools.descriptor_limit(None) == 2.0
     # the release's own rule (xlkv_autopatch.layout.cross_layer_regions): whole rows on 0.29+ for any
-    # backend; on 0.23-0.25 FLASH_ATTN's cross-layer block is blocks-first too
+    # backend; FLASH_ATTN's cross-layer block is one region on every release (0.23-0.25 too)
     assert pdtools.descriptor_limit("TRITON_ATTN", vllm_version="0.33.0") == 1.0
     assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.26.0") == 1.0
     assert pdtools.descriptor_limit("FLASHINFER", vllm_version="0.26.0") == 2.0
-    assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.24.0") == 2.0
+    assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.24.0") == 1.0
     assert pdtools.descriptor_limit("TRITON_MLA", vllm_version="0.24.0") == 1.0
 
 

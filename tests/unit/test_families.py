@@ -284,7 +284,28 @@ def test_cross_layer_regions_per_block():
     from xlkv_autopatch import layout
 
     assert layout.cross_layer_regions(backend="FLASH_ATTN") == 1
-    assert layout.cross_layer_regions(backend="FLASH_ATTN", fa_heads_outermost=False) == 2
+    # 0.23-0.25: FLASH_ATTN's cross-layer block has K/V outside the heads but inside the block: 1 region
+    # (experiments/results/compat-matrix.json, 0.23.0: xlkv num_regions 1)
+    assert layout.cross_layer_regions(backend="FLASH_ATTN") == 1
     assert layout.cross_layer_regions(backend="FLASHINFER") == 2
     assert layout.cross_layer_regions(backend="FLASHINFER", whole_rows=True) == 1
     assert layout.cross_layer_regions(backend="TRITON_MLA", replicated=True) == 1
+
+
+def test_engine_shape_counts_heads_per_rank_at_the_engines_tp_when_vllm_cannot_say():
+    """patches/_model.model_shape: where vLLM's own get_num_kv_heads fails, the heads per rank come from the
+    config at the engine's TP size (a Llama-70B-like 8-head model at TP 8: one per rank), not at TP 1."""
+    from types import SimpleNamespace
+
+    from xlkv_autopatch.patches import _model
+
+    def broken(parallel):
+        raise RuntimeError("no")
+
+    hf = SimpleNamespace(model_type="llama", num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                         head_dim=128, hidden_size=8192)
+    cfg = SimpleNamespace(model_config=SimpleNamespace(hf_text_config=hf, use_mla=False, is_hybrid=False,
+                                                       get_num_kv_heads=broken),
+                          parallel_config=SimpleNamespace(tensor_parallel_size=8, pipeline_parallel_size=1))
+    shape = _model.model_shape(cfg, backends=())
+    assert shape.kv_heads_per_rank == 1 and shape.one_kv_head_per_rank

@@ -43,6 +43,7 @@ def model_shape(vllm_config, *, backends=None, kv_cache_groups=None):
         use_mla=use_mla,
         mamba=bool(getattr(model, "is_hybrid", False)),
         kv_heads_per_rank=_kv_heads_per_rank(model, parallel),
+        tp=getattr(parallel, "tensor_parallel_size", 1) or 1,  # per rank where vLLM's own answer is missing
         pp=getattr(parallel, "pipeline_parallel_size", 1) or 1,
         backends=(backends if backends is not None else (_backend_names(vllm_config) if use_mla else ())),
         kv_cache_groups=kv_cache_groups,
