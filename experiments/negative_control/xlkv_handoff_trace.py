@@ -155,63 +155,61 @@ def _on_done(conn, result):
         sending, recving = result
     else:
         sending, recving = getattr(result, "finished_sending", None), getattr(result, "finished_recving", None)
+    engine, rank = _engine(conn), _rank(conn)
     for ev, ids in (("send_done", sending), ("recv_done", recving)):
         for rid in _ids(ids):
-            _write(ev, rid, engine=_engine(conn), rank=_rank(conn))
+            _write(ev, rid, engine=engine, rank=rank)
+
+
+def _arg(args, kwargs, i, name):
+    """The wrapped method's argument at position ``i`` (after self) or by ``name``."""
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+#: the handler each wrapped method's result goes to: handler(connector, args, kwargs, result)
+AFTER = {
+    "get_num_new_matched_tokens": lambda c, a, k, out: _on_matched(c, _arg(a, k, 0, "request")),
+    "update_state_after_alloc": lambda c, a, k, out: _on_alloc(c, _arg(a, k, 0, "request"),
+                                                               _arg(a, k, 2, "num_external_tokens")),
+    "build_connector_meta": lambda c, a, k, out: _on_meta(c, out),
+    "update_connector_output": lambda c, a, k, out: _on_output(c, _arg(a, k, 0, "connector_output")),
+    "request_finished": lambda c, a, k, out: _on_finished(c, _arg(a, k, 0, "request"), out),
+    "request_finished_all_groups": lambda c, a, k, out: _on_finished(c, _arg(a, k, 0, "request"), out),
+    "get_finished": lambda c, a, k, out: _on_done(c, out),
+    "get_transfer_results": lambda c, a, k, out: _on_done(c, out),
+}
+
+
+def _after(handler):
+    """A wrapper that calls the original, hands its result to ``handler`` (which never raises) and returns it."""
+    def wrapper(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        handler(instance, args, kwargs, out)
+        return out
+    return wrapper
+
+
+@_safe
+def _on_reads(conn, ev, ids):
+    engine, rank = _engine(conn), _rank(conn)
+    for rid in ids:
+        _write(ev, rid, engine=engine, rank=rank)
+
+
+def _load(wrapped, instance, args, kwargs):
+    """start_load_kv: a line per read before the original (read_start) and after it (read_posted)."""
+    try:
+        ids = _reads(instance)
+    except Exception:  # noqa: BLE001 - a trace never changes what vLLM does
+        ids = []
+    _on_reads(instance, "read_start", ids)
+    out = wrapped(*args, **kwargs)
+    _on_reads(instance, "read_posted", ids)
+    return out
 
 
 def _wrapper(attr):
-    def matched(wrapped, instance, args, kwargs):
-        out = wrapped(*args, **kwargs)
-        _on_matched(instance, args[0] if args else kwargs.get("request"))
-        return out
-
-    def alloc(wrapped, instance, args, kwargs):
-        out = wrapped(*args, **kwargs)
-        n = args[2] if len(args) > 2 else kwargs.get("num_external_tokens")
-        _on_alloc(instance, args[0] if args else kwargs.get("request"), n)
-        return out
-
-    def meta(wrapped, instance, args, kwargs):
-        out = wrapped(*args, **kwargs)
-        _on_meta(instance, out)
-        return out
-
-    def output(wrapped, instance, args, kwargs):
-        out = wrapped(*args, **kwargs)
-        _on_output(instance, args[0] if args else kwargs.get("connector_output"))
-        return out
-
-    def finished(wrapped, instance, args, kwargs):
-        out = wrapped(*args, **kwargs)
-        _on_finished(instance, args[0] if args else kwargs.get("request"), out)
-        return out
-
-    def load(wrapped, instance, args, kwargs):
-        ids = []
-        try:
-            ids = _reads(instance)
-            for rid in ids:
-                _write("read_start", rid, engine=_engine(instance), rank=_rank(instance))
-        except Exception:  # noqa: BLE001
-            ids = []
-        out = wrapped(*args, **kwargs)
-        try:
-            for rid in ids:
-                _write("read_posted", rid, engine=_engine(instance), rank=_rank(instance))
-        except Exception:  # noqa: BLE001
-            pass
-        return out
-
-    def done(wrapped, instance, args, kwargs):
-        out = wrapped(*args, **kwargs)
-        _on_done(instance, out)
-        return out
-
-    return {"get_num_new_matched_tokens": matched, "update_state_after_alloc": alloc,
-            "build_connector_meta": meta, "update_connector_output": output, "request_finished": finished,
-            "request_finished_all_groups": finished, "start_load_kv": load, "get_finished": done,
-            "get_transfer_results": done}[attr]
+    return _load if attr == "start_load_kv" else _after(AFTER[attr])
 
 
 def _patch(module):
