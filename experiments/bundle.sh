@@ -299,7 +299,7 @@ pack() {
 
 # ---------------------------------------------------------------------------- GPU machine
 # What setup and check import, with $SITE first on PYTHONPATH (as the lab puts it:
-# pdtools/settings.py setup_env).  Each probe prints one line; an exception prints its type and
+# pdtools/settings.py server_env).  Each probe prints one line; an exception prints its type and
 # message in full.
 probe() {
   PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 "$PY" - "$@" <<'EOF'

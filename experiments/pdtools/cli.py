@@ -1,7 +1,7 @@
 """Command line of the lab: ``python3 experiments/pdtools JOB|COMMAND ...``.
 
 Jobs (JOBS below; experiments/*.sh are their doors): main, equivalence, bench, cell, upstream,
-report.
+report.  The environment is read here, once, into the Settings every job is handed.
 
 Helper commands (each also a function the jobs call in-process):
 
@@ -24,13 +24,13 @@ Helper commands (each also a function the jobs call in-process):
 """
 
 import argparse
-import importlib
 import importlib.util
 import json
 import os
 import sys
 import time
 
+from . import job_bench, job_cell, job_equivalence, job_main, job_upstream
 from .client import http_text
 from .equivalence import REFERENCES
 from .gates import GATES, gate
@@ -40,7 +40,7 @@ from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
 from .results import bench_cell_to_file, gpu_slug, merge_results, report_main
 from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
                    summary_to_file)
-from .settings import run_job
+from .settings import Settings, run_job
 from .vllminfo import vllm_has_batch_invariant
 
 
@@ -130,13 +130,14 @@ def cmd_batch_invariant(a):
 
 
 
-#: the lab's jobs: name -> (module, what it is); the operators' scripts are their doors
+#: the lab's jobs: name -> (module, what it is); the operators' scripts are their doors.  Each job's
+#: ``main`` takes the door's Settings (and, for cell and upstream, the arguments)
 JOBS = {
-    "main": ("job_main", "the main job: equivalence then benchmark on GPUs, the CPU checks without (main.sh)"),
-    "equivalence": ("job_equivalence", "P/D greedy-output equivalence with and without the shim (pd_equivalence.sh)"),
-    "bench": ("job_bench", "P/D TTFT benchmark (pd_bench.sh)"),
-    "cell": ("job_cell", "one device call: steps, then the results and the console into $OUT (run_gpu_cell.sh)"),
-    "upstream": ("job_upstream", "vLLM's own NIXL tests on a lent GPU, stock vs flag on (upstream/gpu.sh)"),
+    "main": (job_main, "the main job: equivalence then benchmark on GPUs, the CPU checks without (main.sh)"),
+    "equivalence": (job_equivalence, "P/D greedy-output equivalence with and without the shim (pd_equivalence.sh)"),
+    "bench": (job_bench, "P/D TTFT benchmark (pd_bench.sh)"),
+    "cell": (job_cell, "one device call: steps, then the results and the console into $OUT (run_gpu_cell.sh)"),
+    "upstream": (job_upstream, "vLLM's own NIXL tests on a lent GPU, stock vs flag on (upstream/gpu.sh)"),
     "report": (None, "markdown table and plot of bench results (report.py)"),
 }
 
@@ -145,9 +146,10 @@ def run_named_job(name, argv):
     """A job of JOBS with its arguments; its exit code."""
     if name == "report":
         return report_main(argv)
-    module = importlib.import_module("." + JOBS[name][0], __package__)
-    main = module.main
-    return run_job(main, argv) if name in ("cell", "upstream") else run_job(main)
+    module = JOBS[name][0]
+    settings = Settings.read()      # the door: the environment, read once, handed on
+    args = (settings, argv) if module in (job_cell, job_upstream) else (settings,)
+    return run_job(module.main, *args)
 
 
 def main(argv=None):

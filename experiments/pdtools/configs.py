@@ -1,9 +1,12 @@
 """The lab's server configurations: one table, one row per config, release gates from the shim's
 release table (gates.py), so adding a bench or equivalence config is one row here.
 
-    supported(name, version) -> (True, "") or (False, why not)
-    server_settings(name, version) -> Settings (env of both servers, D-only env and flags,
-                                      kv_connector_extra_config, proxy flags)
+    supported(name, version, settings, env) -> (True, "") or (False, why not)
+    server_settings(name, version, settings, pythonpath) -> ServerSettings (env of both servers,
+                                      D-only env and flags, kv_connector_extra_config, proxy flags)
+
+``settings`` is the door's Settings; ``env`` the environment of the children that ask (the
+servers' environment, settings.server_env), ``pythonpath`` the servers' PYTHONPATH.
 
 A name ``nc-<config>`` is the negative control of <config>: its settings, and D starts with
 experiments/negative_control/ first on its PYTHONPATH (the hook corrupts the KV D received,
@@ -11,15 +14,14 @@ NC_CORRUPTION says how).
 """
 
 import json
-import os
 import subprocess
 from collections import namedtuple
 
 from .gates import gate
-from .settings import EXIT_SETUP, NC_DIR, REPO_DIR, die, setting
+from .settings import EXIT_SETUP, NC_DIR, REPO_DIR, die
 
 NEGATIVE_PREFIX = "nc-"
-Settings = namedtuple("Settings", "env d_env d_args kv_extra proxy_args")
+ServerSettings = namedtuple("ServerSettings", "env d_env d_args kv_extra proxy_args")
 
 #: name -> (what it is, env of both servers, kv_connector_extra_config, D-only env, D-only flags,
 #: proxy flags, needs: "shim" (the shim must support the release), a gate name, "ray")
@@ -59,17 +61,18 @@ def base(name):
     return name[len(NEGATIVE_PREFIX):] if name.startswith(NEGATIVE_PREFIX) else name
 
 
-def supported(name, version, shim_check=None):
-    """(True, "") when ``name`` can run on vLLM ``version``, else (False, why not)."""
+def supported(name, version, settings, env, shim_check=None):
+    """(True, "") when ``name`` can run on vLLM ``version`` (asked with the children's ``env``),
+    else (False, why not)."""
     row = CONFIGS.get(base(name))
     if row is None:
         return False, "unknown config '%s' (%s)" % (name, names())
     for need in row.needs:
         if need == "ray":
-            if subprocess.run([setting("PY"), "-c", "import ray"], capture_output=True).returncode != 0:
+            if subprocess.run([settings.get("PY"), "-c", "import ray"], env=env, capture_output=True).returncode != 0:
                 return False, "%s: ray is not importable here (build the bundle with XLKV_BUNDLE_EXTRA=ray)" % name
         elif need == "shim":
-            ok, why = (shim_check or shim_supported)(version)
+            ok, why = (shim_check or shim_supported)(version, settings, env)
             if not ok:
                 return False, why
         else:
@@ -80,8 +83,8 @@ def supported(name, version, shim_check=None):
     return True, ""
 
 
-def server_settings(name, version):
-    """The Settings of config ``name`` on vLLM ``version``."""
+def server_settings(name, version, settings, pythonpath=""):
+    """The ServerSettings of config ``name`` on vLLM ``version``; ``pythonpath``: the servers'."""
     row = CONFIGS.get(base(name))
     if row is None:
         die(EXIT_SETUP, "unknown config %s" % name)
@@ -89,27 +92,27 @@ def server_settings(name, version):
     if env == "native":                 # the layout where layouts are chosen per engine, else the opt-in
         env, kv_extra = ({"VLLM_KV_CACHE_LAYOUT": "BLNHC"}, None) if gate("layouts", version)[0] else ({}, OPT_IN)
     if kv_extra == "ucx":
-        kv_extra = {"num_threads": int(setting("UCX_NUM_THREADS", "8"))}
+        kv_extra = {"num_threads": settings.get_int("UCX_NUM_THREADS", "8")}
     d_env = dict(row.d_env)
     if name.startswith(NEGATIVE_PREFIX):
         # the hook's sitecustomize.py goes first on D's PYTHONPATH and chains to the next one (the
         # checkout's, which turns the shim on where ENABLE_XLKV is set)
-        d_env = {"PYTHONPATH": "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", "")),
-                 "XLKV_NEGATIVE_CONTROL": setting("NC_CORRUPTION", "shift")}
-    return Settings(dict(env), d_env, list(row.d_args), json.dumps(kv_extra) if kv_extra else "",
+        d_env = {"PYTHONPATH": "%s:%s" % (NC_DIR, pythonpath),
+                 "XLKV_NEGATIVE_CONTROL": settings.get("NC_CORRUPTION", "shift")}
+    return ServerSettings(dict(env), d_env, list(row.d_args), json.dumps(kv_extra) if kv_extra else "",
                     list(row.proxy_args))
 
 
-def shim_supported(version):
+def shim_supported(version, settings, env):
     """Does the shim support the staged vLLM?  Asks ``python -m xlkv_autopatch status --json`` with
     the flag on.  From a source checkout neither the .pth hook nor the plugin entry point is
     installed (sitecustomize.py activates it), so that "problem" is not held against it: the
     release must be in the supported range and at least one patch set must apply without errors.
     SHIM_CHECK=0 skips the check (tests with a fake vLLM)."""
-    if setting("SHIM_CHECK", "1") == "0":
+    if settings.get("SHIM_CHECK", "1") == "0":
         return True, ""
-    env = dict(os.environ, ENABLE_XLKV="true")
-    r = subprocess.run([setting("PY"), "-m", "xlkv_autopatch", "status", "--json"], cwd=REPO_DIR, env=env,
+    env = dict(env, ENABLE_XLKV="true")
+    r = subprocess.run([settings.get("PY"), "-m", "xlkv_autopatch", "status", "--json"], cwd=REPO_DIR, env=env,
                        capture_output=True, text=True)
     try:
         j = json.loads(r.stdout)
@@ -123,7 +126,7 @@ def shim_supported(version):
         good = all("error" not in g and all(p.get("ok", True) for p in g.get("patches", [])) for g in sets)
         if j.get("supported") and sets and good:
             return True, ""
-    text = subprocess.run([setting("PY"), "-m", "xlkv_autopatch", "status"], cwd=REPO_DIR, env=env,
+    text = subprocess.run([settings.get("PY"), "-m", "xlkv_autopatch", "status"], cwd=REPO_DIR, env=env,
                           capture_output=True, text=True)
     return False, "shim: xlkv_autopatch does not support vLLM %s here; its status says:\n%s" % (
         version, "\n".join("    " + line for line in (text.stdout + text.stderr).splitlines()))

@@ -10,26 +10,27 @@ import os
 import subprocess
 import sys
 
-from .settings import EXIT_FAIL, EXIT_NO_GPU, EXP_DIR, LabExit, die, log, setting
+from .settings import EXIT_FAIL, EXIT_NO_GPU, EXP_DIR, LabExit, die, log
 
 
-def cpu_checks(py, out):
+def cpu_checks(py, out, settings, env):
     """PYTHON ``py`` needs vLLM, nixl and the shim importable; results OUT/cpu-{stock,xlkv}.json
-    (and .log).  True when every check passed."""
+    (and .log); ``env``: the children's environment.  True when every check passed."""
     os.makedirs(out, exist_ok=True)
-    ok = subprocess.run([py, "-m", "xlkv_autopatch", "status"], cwd="/").returncode == 0
+    ok = subprocess.run([py, "-m", "xlkv_autopatch", "status"], cwd="/", env=env).returncode == 0
     sys.stdout.flush()
     rows = []
     for cfg in ("stock", "xlkv"):
         print("--- P->D transfer, %s" % cfg, flush=True)
-        env = dict(os.environ)
+        run_env = dict(env)
         if cfg == "xlkv":
-            env["ENABLE_XLKV"] = "true"
+            run_env["ENABLE_XLKV"] = "true"
         path = os.path.join(out, "cpu-%s.json" % cfg)
         with open(os.path.join(out, "cpu-%s.log" % cfg), "w") as logf:
             try:
-                subprocess.run([py, os.path.join(EXP_DIR, "cpu", "pd_harness.py"), "--out", path], env=env,
-                               stdout=logf, stderr=subprocess.STDOUT, timeout=int(setting("HARNESS_TIMEOUT", "900")))
+                subprocess.run([py, os.path.join(EXP_DIR, "cpu", "pd_harness.py"), "--out", path], env=run_env,
+                               stdout=logf, stderr=subprocess.STDOUT,
+                               timeout=settings.get_int("HARNESS_TIMEOUT", "900"))
             except subprocess.TimeoutExpired:
                 pass
         d = json.load(open(path)) if os.path.exists(path) else {
@@ -51,14 +52,14 @@ def cpu_checks(py, out):
     return ok and passed
 
 
-def cpu_only_checks():
+def cpu_only_checks(settings, env):
     """A GPU job's CPU checks: cpu_checks with XLKV_HARNESS_PYTHON (a Python whose vLLM runs on
-    CPU, e.g. from experiments/cpu/mkenv.sh; default $PY), results in WORK.  CPU_CHECKS_CMD
-    replaces it (a shell command; tests use it)."""
-    if setting("CPU_CHECKS_CMD"):
+    CPU, e.g. from experiments/cpu/mkenv.sh; default $PY), results in WORK; ``env``: the job's
+    children's.  CPU_CHECKS_CMD replaces it (a shell command; tests use it)."""
+    if settings.get("CPU_CHECKS_CMD"):
         sys.stdout.flush()
-        return subprocess.run(["bash", "-c", setting("CPU_CHECKS_CMD")]).returncode == 0
-    return cpu_checks(setting("XLKV_HARNESS_PYTHON") or setting("PY"), setting("WORK"))
+        return subprocess.run(["bash", "-c", settings.get("CPU_CHECKS_CMD")], env=env).returncode == 0
+    return cpu_checks(settings.get("XLKV_HARNESS_PYTHON") or settings.get("PY"), settings.get("WORK"), settings, env)
 
 
 def require_gpus_or_cpu_checks(pair):
@@ -73,7 +74,7 @@ def require_gpus_or_cpu_checks(pair):
     print("no GPU on this machine: running CPU checks only", file=sys.stderr)
     print("(vLLM's 'Failed to import from vllm._C: ... libcuda.so.1' warnings below are its own, harmless "
           "without CUDA)", file=sys.stderr, flush=True)
-    if cpu_only_checks():
+    if cpu_only_checks(pair.settings, pair.child_env()):
         print("CPU checks passed; GPU experiments skipped (exit %d)" % EXIT_NO_GPU, file=sys.stderr)
         raise LabExit(EXIT_NO_GPU)
     die(EXIT_FAIL, "no GPU, and the CPU checks failed")

@@ -22,28 +22,27 @@ from .kvmetrics import attention_backend
 from .pair import Pair, log_offset, run_logged
 from .results import bench_cell_to_file, report_main
 from .runs import kv_probe, parse_lengths, prom_scrape
-from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, int_setting, log, require_vllm, \
-    setting, setup_env
+from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, log, require_vllm
 
 
-def num_prompts_for(length, concurrency=None):
+def num_prompts_for(settings, length, concurrency=None):
     """NUM_PROMPTS, else 128 prompts up to 2048 tokens and 64 above; at most ``concurrency`` requests at a
     time, 4 per slot and at least 10 (10 at 1, 32 at 8, 64 at 64 for 10240 tokens)."""
-    if setting("NUM_PROMPTS"):
-        return int(setting("NUM_PROMPTS"))
+    if settings.get("NUM_PROMPTS"):
+        return settings.get_int("NUM_PROMPTS")
     n = 128 if length <= 2048 else 64
     return min(n, max(10, 4 * concurrency)) if concurrency else n
 
 
-def concurrencies():
+def concurrencies(settings):
     """CONCURRENCY: client concurrency levels, each its own cell on the same servers ("1 8 64"; empty:
     one pass without a limit, or whatever BENCH_EXTRA_ARGS says)."""
     out = []
-    for word in setting("CONCURRENCY", "").split():
+    for word in settings.get("CONCURRENCY", "").split():
         if not word.isdigit() or int(word) < 1:
-            die(EXIT_SETUP, "CONCURRENCY must be positive integers (got '%s')" % setting("CONCURRENCY"))
+            die(EXIT_SETUP, "CONCURRENCY must be positive integers (got '%s')" % settings.get("CONCURRENCY"))
         out.append(int(word))
-    if out and "--max-concurrency" in setting("BENCH_EXTRA_ARGS", ""):
+    if out and "--max-concurrency" in settings.get("BENCH_EXTRA_ARGS", ""):
         die(EXIT_SETUP, "set the client concurrency in CONCURRENCY or in BENCH_EXTRA_ARGS, not both")
     return out or [None]
 
@@ -89,28 +88,32 @@ def _handoff(pair, proxy_file, window):
         "; PROBLEMS: %s" % "; ".join(summ["problems"][:3]) if summ["problems"] else ""))
 
 
-def main():
-    state = setting("BENCH_STATE", "fresh")
+def main(settings, eq_json=None, result_dir=None):
+    """The job with the door's ``settings``; ``eq_json``: the equivalence summary of this machine
+    and release (default EQ_JSON, else WORK/equivalence.json), ``result_dir``: where the results
+    file goes (default RESULT_DIR, else experiments/results; RESULT_JSON names the file).  Its
+    exit code."""
+    s = settings
+    state = s.get("BENCH_STATE", "fresh")
     if state not in ("fresh", "fragmented"):
         die(EXIT_SETUP, "BENCH_STATE must be fresh or fragmented")
-    input_lens = parse_lengths(setting("INPUT_LENS", "1024 10240"))
-    output_len, reps = int_setting("OUTPUT_LEN", "16"), int_setting("REPS", "3")
-    warmup = int_setting("WARMUP_PROMPTS", "4")
-    timeout = int_setting("BENCH_TIMEOUT", "900")
-    extra = shlex.split(setting("BENCH_EXTRA_ARGS", ""))
-    work = setting("WORK")
-    eq_json = setting("EQ_JSON") or os.path.join(work, "equivalence.json")
-    frag_prompts = int_setting("FRAG_PROMPTS", "400")
-    levels = concurrencies()
+    input_lens = parse_lengths(s.get("INPUT_LENS", "1024 10240"))
+    output_len, reps = s.get_int("OUTPUT_LEN", "16"), s.get_int("REPS", "3")
+    warmup = s.get_int("WARMUP_PROMPTS", "4")
+    timeout = s.get_int("BENCH_TIMEOUT", "900")
+    extra = shlex.split(s.get("BENCH_EXTRA_ARGS", ""))
+    work = s.get("WORK")
+    eq_json = eq_json or s.get("EQ_JSON") or os.path.join(work, "equivalence.json")
+    frag_prompts = s.get_int("FRAG_PROMPTS", "400")
+    levels = concurrencies(s)
 
-    setup_env()
-    pair = Pair(None)
+    pair = Pair(s)
     failed, skipped = 0, []
     with pair:
         require_gpus_or_cpu_checks(pair)
-        pair.version = version = require_vllm()
+        pair.version = version = require_vllm(pair.child_env())
         pair.ensure_model()
-        names = setting("CONFIGS", "").split() or default_configs(version)
+        names = s.get("CONFIGS", "").split() or default_configs(version)
         ok, why = pair.bench_gpus_ok()
         if not ok:
             for cfg in names:
@@ -118,8 +121,8 @@ def main():
                     die(EXIT_SETUP, "config %s %s. Run on a machine with %d GPUs (e.g. nvidia-h200-x2), use "
                         "CONFIGS=prefill_only, or set BENCH_ALLOW_SHARED_GPU=1 to time it anyway."
                         % (cfg, why, pair.tp_p + pair.tp_d))
-        result_json = setting("RESULT_JSON") or os.path.join(
-            setting("RESULT_DIR") or os.path.join(EXP_DIR, "results"),
+        result_json = s.get("RESULT_JSON") or os.path.join(
+            result_dir or s.get("RESULT_DIR") or os.path.join(EXP_DIR, "results"),
             "%s-%s-%s.json" % (time.strftime("%Y-%m-%d"), version, pair.gpu_slug))
         os.makedirs(os.path.dirname(os.path.abspath(result_json)), exist_ok=True)
         os.makedirs(os.path.join(work, "bench"), exist_ok=True)
@@ -128,7 +131,7 @@ def main():
         log("configs: %s; input lengths: %s; reps: %d; results: %s" % (
             " ".join(names), " ".join(map(str, input_lens)), reps, result_json))
         for cfg in names:
-            ok, why = configs.supported(cfg, version)
+            ok, why = configs.supported(cfg, version, s, pair.child_env())
             if not ok:
                 print(why, file=sys.stderr)
                 if cfg == "shim":
@@ -148,7 +151,7 @@ def main():
                 url, out_len = pair.url("proxy", ""), output_len
 
             def bench_run(length, n, seed, res, logf, conc=None):
-                cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+                cmd = [s.get("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
                        "--model", pair.model, "--tokenizer", pair.model, "--base-url", url, "--endpoint",
                        "/v1/completions", "--dataset-name", "random", "--random-input-len", str(length),
                        "--random-output-len", str(out_len), "--num-prompts", str(n), "--seed", str(seed),
@@ -161,7 +164,7 @@ def main():
                 if conc:
                     cmd += ["--max-concurrency", str(conc)]
                 pair._note("bench: " + " ".join(cmd))
-                return run_logged(cmd, logf, timeout)
+                return run_logged(cmd, logf, timeout, pair.child_env())
 
             for length in input_lens:
                 if warmup > 0:
@@ -173,13 +176,13 @@ def main():
                         pair.wait_kv_lines(pair.d_log, 0, limit=20)
                 if state == "fragmented":
                     log("%s L=%d: fragmenting the free block queue: %d prompts of mixed lengths around %s"
-                        % (cfg, length, frag_prompts, setting("FRAG_LEN", "2048")))
-                    if not pair.fragmenting_load(url, frag_prompts, 1 if alone else setting("FRAG_OUTPUT_LEN", "16"),
+                        % (cfg, length, frag_prompts, s.get("FRAG_LEN", "2048")))
+                    if not pair.fragmenting_load(url, frag_prompts, 1 if alone else s.get("FRAG_OUTPUT_LEN", "16"),
                                                  os.path.join(work, "bench-%s-%d-fragment.log" % (cfg, length)),
                                                  timeout=timeout):
                         die(EXIT_FAIL, "fragmenting load failed (%s, L=%d)" % (cfg, length))
                 for li, conc in enumerate(levels):
-                    n = num_prompts_for(length, conc)
+                    n = num_prompts_for(s, length, conc)
                     results, kvs, proxies = [], [], []
                     for rep in range(1, reps + 1):
                         # vLLM's random dataset makes a shorter prompt of a seed the prefix of a longer one: a seed
@@ -226,10 +229,10 @@ def main():
                         proxies.append(proxy_file)
                     if not results:
                         continue
-                    meta = {"block_size": int_setting("BLOCK_SIZE"), "tp_p": pair.tp_p, "tp_d": pair.tp_d,
+                    meta = {"block_size": s.get_int("BLOCK_SIZE"), "tp_p": pair.tp_p, "tp_d": pair.tp_d,
                             "model": pair.model, "attn_backend": attention_backend(pair.d_log or pair.p_log) or "",
                             "state": state, "shared_gpu": pair.shared_gpu,
-                            "ucx_cuda_ipc_get_zcopy": os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", ""),
+                            "ucx_cuda_ipc_get_zcopy": pair.child_env().get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", ""),
                             "max_concurrency": conc}
                     bench_cell_to_file(result_json, cfg, length, out_len, n, results, kvs, proxies, pair.commands_file,
                                        pair.bytes_per_block, version, pair.gpu_slug, eq_json,

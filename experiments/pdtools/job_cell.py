@@ -29,17 +29,35 @@ import subprocess
 import sys
 import time
 
+from . import job_bench, job_equivalence
 from .pair import collect_log_tails, make_model
 from .results import report_main
-from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR, LabExit, run_job, setting, site_version
+from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR, LabExit, run_job, site_version
 
 STEPS = ("stage", "setup", "check", "status", "model", "equivalence", "bench", "wire")
 LOGGREP = re.compile(r"xlkv_autopatch|xlkv negative control|xlkv registration report|KV Transfer metrics|descriptor|"
                      r"[Rr]egist|Using .*backend|attention backend|Traceback|Error|ERROR")
 
 
-def _bundle(cmd, bundle=""):
-    return subprocess.run(["bash", os.path.join(EXP_DIR, "bundle.sh"), cmd] + ([bundle] if bundle else [])).returncode
+class Cell:
+    """One device call: the door's settings and where its files go (WORK, RESULT_DIR, $OUT)."""
+
+    def __init__(self, settings, bundle=""):
+        self.settings = settings
+        self.bundle = bundle
+        self.work = settings.get("WORK")
+        self.result_dir = settings.get("RESULT_DIR", "/tmp/xlkv-results")
+        self.out = settings.get("OUT") or os.path.join(self.work, "out")
+
+    def eq_json(self):
+        """The equivalence summary of the staged release: per release, so that bench calls find the right one."""
+        return self.settings.get("EQ_JSON") or os.path.join(self.result_dir,
+                                                            "equivalence-%s.json" % site_version(self.settings))
+
+
+def _bundle(cell, cmd, bundle=""):
+    return subprocess.run(["bash", os.path.join(EXP_DIR, "bundle.sh"), cmd] + ([bundle] if bundle else []),
+                          env=cell.settings.environ).returncode
 
 
 def _tee_console(path):
@@ -53,56 +71,55 @@ def _tee_console(path):
     return tee
 
 
-def _require_staged(bundle):
-    if not site_version():
+def _require_staged(cell):
+    bundle = cell.bundle
+    if not site_version(cell.settings):
         if bundle and os.path.isdir("/tmp/stage/%s" % os.path.basename(bundle)):
             print("vLLM not unpacked yet; trying setup of %s" % bundle, flush=True)
-            rc = _bundle("setup", bundle)
+            rc = _bundle(cell, "setup", bundle)
             if rc:
                 return rc
         else:
-            print("ERROR: no vLLM in %s. Stage a bundle first (experiments/README.md):" % setting("SITE"))
+            print("ERROR: no vLLM in %s. Stage a bundle first (experiments/README.md):" % cell.settings.get("SITE"))
             print("  one call per chunk: bash experiments/run_gpu_cell.sh --bundle .xfer21 stage   (carry .xfer21/p<N>)")
             print("  then:               bash experiments/run_gpu_cell.sh --bundle .xfer21 setup", flush=True)
             return EXIT_SETUP
-    # equivalence summaries are per release, so bench calls can find the right one
-    os.environ.setdefault("EQ_JSON", os.path.join(os.environ["RESULT_DIR"], "equivalence-%s.json" % site_version()))
     return 0
 
 
-def step(name, bundle):
+def step(name, cell):
     """Runs one step; its exit code."""
-    from . import job_bench, job_equivalence
-    py = setting("PY")
+    s, bundle = cell.settings, cell.bundle
+    py = s.get("PY")
     if name in ("stage", "setup"):
         if not bundle:
             print("%s needs --bundle DIR" % name)
             return EXIT_SETUP
-        return _bundle(name, bundle)
+        return _bundle(cell, name, bundle)
     if name == "check":
-        return _require_staged(bundle) or _bundle("check")
+        return _require_staged(cell) or _bundle(cell, "check")
     if name == "status":
         subprocess.run("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv || echo 'no nvidia-smi';"
                        " nvidia-smi topo -m 2>/dev/null || true", shell=True)
-        rc = _require_staged(bundle)
+        rc = _require_staged(cell)
         if rc:
             return rc
-        env = dict(os.environ, PYTHONPATH="%s:%s" % (REPO_DIR, setting("SITE")))
+        env = dict(s.environ, PYTHONPATH="%s:%s" % (REPO_DIR, s.get("SITE")))
         for flag in ({}, {"ENABLE_XLKV": "true"}):
             subprocess.run([py, "-m", "xlkv_autopatch", "status"], env=dict(env, **flag))
         return 0
     if name == "model":   # make_model.py skips a model it finished before with the same settings (.complete)
-        if setting("MODEL"):
+        if s.get("MODEL"):
             return 0
-        return make_model(setting("MODEL_ARCH"))
+        return make_model(s, s.get("MODEL_ARCH"))
     if name == "equivalence":
-        return _require_staged(bundle) or run_job(job_equivalence.main)
+        return _require_staged(cell) or run_job(job_equivalence.main, s, eq_json=cell.eq_json())
     if name == "bench":
-        rc = _require_staged(bundle) or run_job(job_bench.main)
+        rc = _require_staged(cell) or run_job(job_bench.main, s, eq_json=cell.eq_json(), result_dir=cell.result_dir)
         if rc:
             return rc
-        wires = sorted(glob.glob(os.path.join(os.environ["RESULT_DIR"], "wire-*.json")))
-        for f in sorted(glob.glob(os.path.join(os.environ["RESULT_DIR"], "20*.json"))):
+        wires = sorted(glob.glob(os.path.join(cell.result_dir, "wire-*.json")))
+        for f in sorted(glob.glob(os.path.join(cell.result_dir, "20*.json"))):
             try:                    # each file's markdown and plot; a report that fails costs nothing
                 report_main([f] + (["--wire", wires[-1]] if wires else []), quiet=True)
             except Exception as e:
@@ -110,19 +127,20 @@ def step(name, bundle):
         return 0
     if name == "wire":    # the image's torch is enough for a copy; no vLLM needed
         return subprocess.run([py, os.path.join(EXP_DIR, "wire_copy.py"), "--out", os.path.join(
-            os.environ["RESULT_DIR"], "wire-%s.json" % time.strftime("%Y-%m-%d"))]).returncode
+            cell.result_dir, "wire-%s.json" % time.strftime("%Y-%m-%d"))], env=s.environ).returncode
     print("unknown step '%s' (%s)" % (name, " ".join(STEPS)))
     return EXIT_SETUP
 
 
-def collect(rc, work, out, result_dir, console):
+def collect(rc, cell, console):
     """The call's files into OUT: log tails and extracts, the staged release's results, the CPU
     checks' results, D's registration reports, the console."""
+    work, out, result_dir = cell.work, cell.out, cell.result_dir
     signal.signal(signal.SIGTERM, signal.SIG_IGN)    # never stop half-way through copying
     if rc:
         print("run_gpu_cell: stopped with exit %d at %s" % (rc, time.strftime("%H:%M:%SZ", time.gmtime())))
     try:
-        collect_log_tails(work, os.path.join(out, "logtails.txt"))
+        collect_log_tails(work, os.path.join(out, "logtails.txt"), cell.settings.get("TAIL_LINES", "80"))
     except OSError:
         pass
     logs = sorted(glob.glob(os.path.join(work, "eq-*.log")) + glob.glob(os.path.join(work, "bench-*-[pd].log")))
@@ -136,7 +154,7 @@ def collect(rc, work, out, result_dir, console):
                         n += 1
     # only the staged release's results: the device tool returns a limited number of files, and
     # a second release's files would crowd out the logs (seen in the fourth session)
-    ver, other = site_version(), []
+    ver, other = site_version(cell.settings), []
     for pattern in ("*.json", "*.md", "*.png"):
         for f in sorted(glob.glob(os.path.join(result_dir, pattern))):
             n = os.path.basename(f)
@@ -160,7 +178,8 @@ def collect(rc, work, out, result_dir, console):
         pass
 
 
-def main(argv):
+def main(settings, argv):
+    """The call with the door's ``settings`` and its arguments; its exit code."""
     bundle = ""
     if argv[:1] == ["--bundle"]:
         if len(argv) < 2:
@@ -170,14 +189,10 @@ def main(argv):
     if not argv:
         print(__doc__.split("\n\n")[1])
         return EXIT_SETUP
-    os.environ.setdefault("SITE", "/tmp/site")
-    os.environ.setdefault("WORK", "/tmp/xlkv-exp")
-    os.environ.setdefault("RESULT_DIR", "/tmp/xlkv-results")
-    work, result_dir = os.environ["WORK"], os.environ["RESULT_DIR"]
-    out = os.environ.get("OUT") or os.path.join(work, "out")
-    for d in (work, result_dir, out):
+    cell = Cell(settings, bundle)
+    for d in (cell.work, cell.result_dir, cell.out):
         os.makedirs(d, exist_ok=True)
-    console = os.path.join(work, "console-%s.txt" % time.strftime("%H%M%S"))
+    console = os.path.join(cell.work, "console-%s.txt" % time.strftime("%H%M%S"))
     _tee_console(console)
     os.chdir(REPO_DIR)
 
@@ -189,10 +204,10 @@ def main(argv):
     try:
         for name in argv:
             print("===== step: %s (%s) =====" % (name, time.strftime("%H:%M:%SZ", time.gmtime())), flush=True)
-            rc = step(name, bundle)
+            rc = step(name, cell)
             if rc:
                 break
     except LabExit as e:
         rc = e.code
-    collect(rc, work, out, result_dir, console)
+    collect(rc, cell, console)
     return rc

@@ -11,6 +11,7 @@ control ``nc-<cfg>`` runs right after <cfg> with P kept and only D restarted.
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -20,25 +21,24 @@ from .gates import shim
 from .pair import Pair, log_offset
 from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
                    summary_to_file)
-from .settings import (EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, die, int_setting, log, require_vllm, setting,
-                       setup_env, vllm_package_dir)
+from .settings import (EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, die, log, python_path, require_vllm,
+                       vllm_package_dir)
 from .vllminfo import vllm_has_batch_invariant
 
 #: EQ_REFERENCE: "auto" (by the model's family) or one of the summary's references
 REFERENCES = ("auto",) + equivalence.REFERENCES
 
 
-def _batch_invariant(version):
-    """EQ_BATCH_INVARIANT=auto|1|0 -> True when every server gets VLLM_BATCH_INVARIANT=1."""
-    want = setting("EQ_BATCH_INVARIANT", "auto")
-    os.environ.pop("VLLM_BATCH_INVARIANT", None)
-    pkg = vllm_package_dir()
+def _batch_invariant(settings, version, env):
+    """EQ_BATCH_INVARIANT=auto|1|0 -> True when every server gets VLLM_BATCH_INVARIANT=1 (the vLLM
+    that children of ``env`` import knows it), else False (they get no VLLM_BATCH_INVARIANT)."""
+    want = settings.get("EQ_BATCH_INVARIANT", "auto")
+    pkg = vllm_package_dir(python_path(env))
     known = bool(pkg) and vllm_has_batch_invariant(pkg)
     if want == "0":
         log("kernels: vLLM defaults (EQ_BATCH_INVARIANT=0)")
         return False
     if known:
-        os.environ["VLLM_BATCH_INVARIANT"] = "1"
         log("kernels: VLLM_BATCH_INVARIANT=1 (deterministic; EQ_BATCH_INVARIANT=0 for vLLM's defaults)")
         return True
     if want == "1":
@@ -48,12 +48,12 @@ def _batch_invariant(version):
     return False
 
 
-def _check_options():
-    if setting("EQ_BATCH_INVARIANT", "auto") not in ("auto", "0", "1"):
-        die(EXIT_SETUP, "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '%s')" % setting("EQ_BATCH_INVARIANT"))
-    if setting("EQ_REFERENCE", "auto") not in REFERENCES:
+def _check_options(settings):
+    if settings.get("EQ_BATCH_INVARIANT", "auto") not in ("auto", "0", "1"):
+        die(EXIT_SETUP, "EQ_BATCH_INVARIANT must be auto, 0 or 1 (got '%s')" % settings.get("EQ_BATCH_INVARIANT"))
+    if settings.get("EQ_REFERENCE", "auto") not in REFERENCES:
         die(EXIT_SETUP, "EQ_REFERENCE must be %s or %s (got '%s')"
-            % (", ".join(REFERENCES[:-1]), REFERENCES[-1], setting("EQ_REFERENCE")))
+            % (", ".join(REFERENCES[:-1]), REFERENCES[-1], settings.get("EQ_REFERENCE")))
 
 
 def _order(eq_configs, nc_configs):
@@ -65,32 +65,34 @@ def _order(eq_configs, nc_configs):
     return ordered + [c for c in nc_configs if c not in ordered]
 
 
-def main():
-    _check_options()
-    eq_configs = setting("EQ_CONFIGS", "stock shim").split()
-    lengths_text = setting("EQ_LENGTHS", "5,17,100,1000,2049,4097")
+def main(settings, eq_json=None):
+    """The job with the door's ``settings``; the summary goes to ``eq_json`` (default EQ_JSON, else
+    WORK/equivalence.json).  Its exit code."""
+    s = settings
+    _check_options(s)
+    eq_configs = s.get("EQ_CONFIGS", "stock shim").split()
+    lengths_text = s.get("EQ_LENGTHS", "5,17,100,1000,2049,4097")
     lengths = parse_lengths(lengths_text)
-    max_tokens, n_logprobs = int_setting("EQ_MAX_TOKENS", "32"), int_setting("EQ_LOGPROBS", "5")
-    tol = float(setting("EQ_LOGPROB_TOL", "0"))
-    nc_request = setting("EQ_NEGATIVE_CONTROL", "")
-    corruption_how = setting("NC_CORRUPTION", "shift")
-    nc_lengths = parse_lengths(setting("EQ_NC_LENGTHS") or lengths_text)
-    kv_wait = float(setting("EQ_KV_WAIT", "15"))
-    probe_len = int_setting("PROBE_LEN", "1600")
-    work = setting("WORK")
-    eq_json = setting("EQ_JSON") or os.path.join(work, "equivalence.json")
-    serve_args = os.environ.get("EQ_SERVE_ARGS", "--no-enable-prefix-caching")
-    os.environ["SERVE_EXTRA_ARGS"] = "%s %s" % (serve_args, setting("SERVE_EXTRA_ARGS"))
-    fragment_n = int_setting("EQ_FRAGMENT", "0")
-    include = setting("EQ_INCLUDE", "").split()
+    max_tokens, n_logprobs = s.get_int("EQ_MAX_TOKENS", "32"), s.get_int("EQ_LOGPROBS", "5")
+    tol = float(s.get("EQ_LOGPROB_TOL", "0"))
+    nc_request = s.get("EQ_NEGATIVE_CONTROL", "")
+    corruption_how = s.get("NC_CORRUPTION", "shift")
+    nc_lengths = parse_lengths(s.get("EQ_NC_LENGTHS") or lengths_text)
+    kv_wait = float(s.get("EQ_KV_WAIT", "15"))
+    probe_len = s.get_int("PROBE_LEN", "1600")
+    work = s.get("WORK")
+    eq_json = eq_json or s.get("EQ_JSON") or os.path.join(work, "equivalence.json")
+    # EQ_SERVE_ARGS set but empty: no flags of its own (it is read as is, not through the defaults)
+    serve_args = "%s %s" % (s.environ.get("EQ_SERVE_ARGS", "--no-enable-prefix-caching"), s.get("SERVE_EXTRA_ARGS"))
+    fragment_n = s.get_int("EQ_FRAGMENT", "0")
+    include = s.get("EQ_INCLUDE", "").split()
 
-    setup_env()
-    pair = Pair(None)
+    pair = Pair(s, serve_args=shlex.split(serve_args))
     with pair:
         require_gpus_or_cpu_checks(pair)
-        pair.version = version = require_vllm()
+        pair.version = version = require_vllm(pair.child_env())
         pair.ensure_model()
-        reference = setting("EQ_REFERENCE", "auto")
+        reference = s.get("EQ_REFERENCE", "auto")
         if reference == "auto":
             # vLLM's own P/D differs from one whole prefill for latent and sliding-window attention
             reference = "local" if pair.shape.attention == shim("families").FULL else "pd-stock"
@@ -110,7 +112,9 @@ def main():
                 os.remove(os.path.join(work, name))
         if os.path.exists(pair.commands_file):
             os.remove(pair.commands_file)
-        batch_invariant = _batch_invariant(version)
+        batch_invariant = _batch_invariant(s, version, pair.child_env())
+        # every child of the pair from here on: VLLM_BATCH_INVARIANT=1, or none (not even the caller's)
+        pair.env_changes["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else None
         if corruption_how not in ("shift", "swap-layers"):
             die(EXIT_SETUP, "NC_CORRUPTION must be shift or swap-layers (got '%s')" % corruption_how)
         nc_configs = [configs.NEGATIVE_PREFIX + c for c in nc_request.replace(",", " ").split()]
@@ -120,7 +124,7 @@ def main():
                     % (n, lengths_text))
         run_configs = []
         for cfg in _order(eq_configs, nc_configs):
-            ok, why = configs.supported(cfg, version)
+            ok, why = configs.supported(cfg, version, s, pair.child_env())
             if ok:
                 run_configs.append(cfg)
                 continue
@@ -146,8 +150,8 @@ def main():
             pair.use_registration()
             if fragment_n > 0:
                 log("%s: fragmenting the free block queues: %d prompts of mixed lengths around %s"
-                    % (cfg, fragment_n, setting("FRAG_LEN", "2048")))
-                if not pair.fragmenting_load(pair.url("proxy", ""), fragment_n, setting("FRAG_OUTPUT_LEN", "16"),
+                    % (cfg, fragment_n, s.get("FRAG_LEN", "2048")))
+                if not pair.fragmenting_load(pair.url("proxy", ""), fragment_n, s.get("FRAG_OUTPUT_LEN", "16"),
                                              path("eq-fragment-%s.log" % cfg)):
                     die(EXIT_FAIL, "fragmenting load failed (%s)" % cfg)
             running = None
@@ -170,7 +174,7 @@ def main():
                                             path("eq-pd-%s.json" % cfg), **pd_kw)
             # descriptor probe: one request of PROBE_LEN tokens (a whole number of blocks), alone;
             # first let the lines of the runs above be written (at most 20 s, or KV_WAIT if less)
-            pair.wait_kv_lines(pair.d_log, 0, limit=min(float(setting("KV_WAIT", "60")), 20))
+            pair.wait_kv_lines(pair.d_log, 0, limit=min(float(s.get("KV_WAIT", "60")), 20))
             off = log_offset(pair.d_log)
             before = prom_scrape(prom_d)
             run_to_file(pd_url, pair.model, "probe:" + cfg, [probe_len], 2, path("eq-probe-run-%s.json" % cfg),
@@ -181,7 +185,7 @@ def main():
                 with open(path(n), "w") as f:
                     json.dump(d, f)
             probes[cfg] = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log,
-                                   pair.d_reg_report, probe_len, int_setting("BLOCK_SIZE"))
+                                   pair.d_reg_report, probe_len, s.get_int("BLOCK_SIZE"))
             with open(path("eq-probe-%s.json" % cfg), "w") as f:
                 json.dump(probes[cfg], f, sort_keys=True)
             running = cfg
@@ -200,9 +204,9 @@ def main():
             die(EXIT_SETUP, "EQ_INCLUDE: no run files of %s in %s" % (cfg, work))
         log("included from an earlier call: %s" % cfg)
     meta = {"model_family": pair.model_family, "model_shape": dataclasses.asdict(pair.shape), "reference": reference,
-            "vllm_version": version, "gpu": pair.gpu_slug, "model": pair.model, "block_size": int_setting("BLOCK_SIZE"),
+            "vllm_version": version, "gpu": pair.gpu_slug, "model": pair.model, "block_size": s.get_int("BLOCK_SIZE"),
             "tp_p": pair.tp_p, "tp_d": pair.tp_d, "probe_len": probe_len, "max_tokens": max_tokens,
-            "serve_args": " ".join(os.environ["SERVE_EXTRA_ARGS"].split()), "batch_invariant": batch_invariant,
+            "serve_args": " ".join(serve_args.split()), "batch_invariant": batch_invariant,
             "logprobs": n_logprobs,
             "negative_control_requested": nc_request + (" (included: %s)" % " ".join(include) if include else ""),
             "fragment_prompts": fragment_n, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

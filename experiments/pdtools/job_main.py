@@ -16,9 +16,10 @@ import os
 import subprocess
 import sys
 
+from . import job_bench, job_equivalence
 from .cpuchecks import cpu_checks
 from .pair import gpu_names
-from .settings import EXIT_FAIL, EXIT_SETUP, EXP_DIR, REPO_DIR, int_setting, run_job, setting
+from .settings import EXIT_FAIL, EXIT_SETUP, EXP_DIR, REPO_DIR, run_job
 
 NO_GPU = """==========================================================================================
 no GPU on this machine: the GPU equivalence and TTFT benchmark (experiments/pd_equivalence.sh,
@@ -38,36 +39,38 @@ NOISE = """Expected noise on a machine without CUDA (vLLM's and torch's own impo
 =========================================================================================="""
 
 
-def main():
-    from . import job_bench, job_equivalence
+def main(settings):
+    """The main job with the door's ``settings``; its exit code."""
+    s = settings
     os.chdir(REPO_DIR)
-    out = setting("XLKV_MAIN_OUT", "/tmp/xlkv-main")
+    out = s.get("XLKV_MAIN_OUT", "/tmp/xlkv-main")
     os.makedirs(out, exist_ok=True)
     ngpu = len(gpu_names())
     if ngpu:
-        os.environ.setdefault("EQ_JSON", os.path.join(out, "equivalence.json"))
-        rc = run_job(job_equivalence.main)
+        eq_json = s.get("EQ_JSON") or os.path.join(out, "equivalence.json")   # the bench reads it too
+        rc = run_job(job_equivalence.main, s, eq_json=eq_json)
         if rc:
             return rc
         # TTFT is compared with one GPU each for P and D: on fewer, P's and D's compute compete
         # (the KV itself moves at device speed there, pair.shared_gpu_ucx), so the main job skips it
-        if ngpu < int_setting("TP_P") + int_setting("TP_D"):
+        if ngpu < s.get_int("TP_P") + s.get_int("TP_D"):
             print("the TTFT benchmark is skipped: P and D would share a GPU, where their compute competes.")
             print("The equivalence above ran with P and D sharing the GPU; run this on a machine with a GPU")
             print("each for P and D for the benchmark (pd_bench.sh times a shared GPU too, marked shared_gpu).")
             return 0
-        return run_job(job_bench.main)
+        return run_job(job_bench.main, s, eq_json=eq_json)
     print(NO_GPU % {"out": out})
-    py = setting("XLKV_HARNESS_PYTHON")
+    py = s.get("XLKV_HARNESS_PYTHON")
     if py:
         print("vLLM: the Python in XLKV_HARNESS_PYTHON (%s); nothing is downloaded." % py)
     else:
-        print(INSTALL % {"ver": setting("XLKV_VLLM", "0.21.0"), "envs": setting("XLKV_ENVS", "/work/envs")})
+        print(INSTALL % {"ver": s.get("XLKV_VLLM", "0.21.0"), "envs": s.get("XLKV_ENVS", "/work/envs")})
     print(NOISE, flush=True)
     if not py:
-        ver = setting("XLKV_VLLM", "0.21.0")
+        ver = s.get("XLKV_VLLM", "0.21.0")
         print("installing or reusing vLLM %s + nixl for the CPU checks (experiments/cpu/mkenv.sh)" % ver, flush=True)
-        r = subprocess.run(["bash", os.path.join(EXP_DIR, "cpu", "mkenv.sh"), ver], stdout=subprocess.PIPE, text=True)
+        r = subprocess.run(["bash", os.path.join(EXP_DIR, "cpu", "mkenv.sh"), ver], env=s.environ,
+                           stdout=subprocess.PIPE, text=True)
         lines = r.stdout.strip().splitlines()
         if r.returncode != 0 or not lines:
             print("ERROR: could not install vLLM %s" % ver, file=sys.stderr)
@@ -75,8 +78,8 @@ def main():
         py = lines[-1]
     for args in (["wrapt>=1.14", "packaging>=21"], ["--no-deps", "-e", "."]):
         r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check"] + args,
-                           capture_output=True, text=True)
+                           env=s.environ, capture_output=True, text=True)
         for line in (r.stdout + r.stderr).splitlines():
             if line.startswith("ERROR"):
                 print(line)
-    return 0 if cpu_checks(py, out) else EXIT_FAIL
+    return 0 if cpu_checks(py, out, s, s.environ) else EXIT_FAIL

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR, setting
+from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR
 
 TOOL = os.path.join(EXP_DIR, "upstream", "upstream_tests.py")
 WHEELS = ("tblib==3.1.0", "ray==2.48.0")
@@ -85,8 +85,8 @@ def pack_shim(dest, commit="HEAD"):
     return 0
 
 
-def unpack(src):
-    up = setting("UP", "/tmp/up")
+def unpack(settings, src):
+    up = settings.get("UP", "/tmp/up")
     shim_tar = os.path.join(REPO_DIR, src, "shim.tar")
     if os.path.isfile(shim_tar):
         shutil.rmtree(os.path.join(up, "shim"), ignore_errors=True)
@@ -110,25 +110,26 @@ def unpack(src):
     return 0
 
 
-def run(rel, where, n="4"):
+def run(settings, rel, where, n="4"):
     """The stock and flag-on runs side by side, then merge and compare."""
-    up = setting("UP", "/tmp/up")
-    out = setting("OUT") or os.path.join(up, "out")
+    s = settings
+    up = s.get("UP", "/tmp/up")
+    out = s.get("OUT") or os.path.join(up, "out")
     runs = os.path.join(up, "runs")
     os.makedirs(out, exist_ok=True), os.makedirs(runs, exist_ok=True)
-    env = dict(os.environ, XLKV_UPSTREAM_CACHE=os.path.join(up, "trees"), VLLM_USE_FLASHINFER_SAMPLER="0")
-    env["PYTHONPATH"] = ":".join(p for p in (setting("SITE"), os.path.join(up, "site"), os.environ.get("PYTHONPATH"))
+    env = dict(s.environ, XLKV_UPSTREAM_CACHE=os.path.join(up, "trees"), VLLM_USE_FLASHINFER_SAMPLER="0")
+    env["PYTHONPATH"] = ":".join(p for p in (s.get("SITE"), os.path.join(up, "site"), s.environ.get("PYTHONPATH"))
                                  if p)
-    files = ["--files"] + setting("UPSTREAM_FILES").split() if setting("UPSTREAM_FILES") else []
+    files = ["--files"] + s.get("UPSTREAM_FILES").split() if s.get("UPSTREAM_FILES") else []
     res = os.path.join(out, "upstream-tests-%s-%s.json" % (rel, where))
     procs, base = [], 6000
-    for mode in setting("UPSTREAM_MODES", "stock on").split():
+    for mode in s.get("UPSTREAM_MODES", "stock on").split():
         base += 200
         part = os.path.join(runs, "%s-%s-%s-%s.json" % (rel, where, mode, time.strftime("%H%M%S")))
         logf = open(os.path.join(runs, mode + ".log"), "w")
-        cmd = [sys.executable, TOOL, "run", rel, "--python", setting("UPSTREAM_PYTHON", "python3"), "--mode", mode,
+        cmd = [sys.executable, TOOL, "run", rel, "--python", s.get("UPSTREAM_PYTHON", "python3"), "--mode", mode,
                "--out", part, "--where", where, "--shim-path", os.path.join(up, "shim")] + files + [
-               "--timeout", setting("UPSTREAM_TIMEOUT", "540"), "--pytest-args", "-n %s --dist load -p no:randomly" % n]
+               "--timeout", s.get("UPSTREAM_TIMEOUT", "540"), "--pytest-args", "-n %s --dist load -p no:randomly" % n]
         procs.append((mode, part, logf, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=dict(
             env, VLLM_NIXL_SIDE_CHANNEL_PORT=str(base), VLLM_PORT=str(base + 100)))))
     rc, parts = 0, []
@@ -149,7 +150,8 @@ def run(rel, where, n="4"):
     return rc
 
 
-def main(argv):
+def main(settings, argv):
+    """The job with the door's ``settings`` and its arguments; its exit code."""
     usage = "usage: gpu.sh pack DIR RELEASE... | pack-shim DIR [COMMIT] | unpack DIR | run RELEASE WHERE [N]"
     if not argv:
         print(usage, file=sys.stderr)
@@ -163,8 +165,8 @@ def main(argv):
     if cmd == "pack-shim" and args:
         return pack_shim(*args[:2])
     if cmd == "unpack" and args:
-        return unpack(args[0])
+        return unpack(settings, args[0])
     if cmd == "run" and len(args) >= 2:
-        return run(*args[:3])
+        return run(settings, *args[:3])
     print("unknown command %s\n%s" % (cmd, usage), file=sys.stderr)
     return EXIT_SETUP

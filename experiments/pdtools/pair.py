@@ -1,13 +1,16 @@
 """One prefill (P) and one decode (D) vLLM server with NixlConnector, and the P/D proxy
 (pd_proxy.py): GPUs, ports, start, readiness, stop, the model they serve, and D's KV lines.
 
-    lab = Pair(version)          # after settings.setup_env() and require_vllm()
+    lab = Pair(settings)         # the door's Settings; lab.version = require_vllm(lab.child_env())
     lab.detect_gpus()            # False: none here
     lab.ensure_model()
     lab.start_pair("shim", "eq-shim"); lab.use_registration(); ...; lab.stop_all()
 
 Every server runs in its own process group (``setsid``), so stopping it ends its engine-core
 and worker children too; ``stop_all`` runs on every exit of a job (jobs use ``with Pair(...)``).
+Every child of the pair (servers, proxy, bench client, fragmenting load, make_model.py) gets its
+environment from ``child_env``: the servers' environment (settings.server_env) with what the job
+decided for them (``env_changes``: VLLM_BATCH_INVARIANT, UCX_CUDA_IPC_ENABLE_GET_ZCOPY).
 """
 
 import os
@@ -24,7 +27,7 @@ from . import configs
 from .gates import gate
 from .kvmetrics import NotDense, load_registration, model_block_bytes, model_shape, registration_bytes_per_block
 from .results import gpu_slug
-from .settings import EXIT_SETUP, EXP_DIR, NC_DIR, die, int_setting, log, setting
+from .settings import EXIT_SETUP, EXP_DIR, NC_DIR, die, log, server_env
 
 
 def port_in_use(port):
@@ -72,12 +75,13 @@ def model_dir_for(arch):
     return "/tmp/xlkv-model" if arch == "qwen3" else "/tmp/xlkv-model-%s" % arch
 
 
-def make_model(arch, stdout=None):
+def make_model(settings, arch, env=None, stdout=None):
     """Generates the random-weight model of family ``arch`` into model_dir_for(arch), with the
-    image's torch (PYTHONPATH cleared); make_model.py returns at once when the folder holds one made
-    with the same settings.  Its exit code."""
-    return subprocess.run([setting("PY"), os.path.join(EXP_DIR, "make_model.py"), model_dir_for(arch), "--arch", arch],
-                          env=dict(os.environ, PYTHONPATH=""), stdout=stdout).returncode
+    image's torch (``env``, default the door's, with PYTHONPATH cleared); make_model.py returns at
+    once when the folder holds one made with the same settings.  Its exit code."""
+    return subprocess.run([settings.get("PY"), os.path.join(EXP_DIR, "make_model.py"), model_dir_for(arch), "--arch",
+                           arch], env=dict(settings.environ if env is None else env, PYTHONPATH=""),
+                          stdout=stdout).returncode
 
 
 def split_gpus(ngpu, tp_p, tp_d):
@@ -92,18 +96,23 @@ def split_gpus(ngpu, tp_p, tp_d):
 
 
 class Pair:
-    """The servers of one job and what they serve."""
+    """The servers of one job and what they serve.  ``serve_args``: more `vllm serve` flags
+    (default SERVE_EXTRA_ARGS, word-split)."""
 
-    def __init__(self, version):
+    def __init__(self, settings, version=None, serve_args=None):
+        self.settings = s = settings
         self.version = version
-        self.work = setting("WORK")
+        self.env = server_env(s)   # the environment of every child (child_env adds env_changes)
+        self.env_changes = {}      # name -> value, or None: not set for the children
+        self.serve_args = shlex.split(s.get("SERVE_EXTRA_ARGS")) if serve_args is None else list(serve_args)
+        self.work = s.get("WORK")
         os.makedirs(self.work, exist_ok=True)
         self.commands_file = os.path.join(self.work, "commands.txt")
         self.procs = []            # [(name, Popen, log)]
-        self.tp_p, self.tp_d = int_setting("TP_P"), int_setting("TP_D")
+        self.tp_p, self.tp_d = s.get_int("TP_P"), s.get_int("TP_D")
         self.ngpu, self.gpu_names, self.gpu_slug = 0, [], "cpu"
         self.p_gpus = self.d_gpus = ""
-        self.shared_gpu, self.mem_util = False, setting("GPU_MEM_UTIL")
+        self.shared_gpu, self.mem_util = False, s.get("GPU_MEM_UTIL")
         self.model = self.model_family = self.shape = None
         self.bytes_per_block = self.dense_bytes_per_block = 0
         self.bpb_source = None
@@ -119,31 +128,40 @@ class Pair:
         self.stop_all()
         return False
 
+    def child_env(self):
+        """The environment of a child of this pair (a new dict each call)."""
+        env = dict(self.env)
+        for name, value in self.env_changes.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        return env
+
     # ------------------------------------------------------------------ GPUs
     def detect_gpus(self):
         """Counts the GPUs; False when there are none."""
         self.gpu_names = gpu_names()
         self.ngpu = len(self.gpu_names)
         self.gpu_slug = gpu_slug(self.gpu_names)
-        os.environ["NGPU"], os.environ["GPU_SLUG"] = str(self.ngpu), self.gpu_slug
         return self.ngpu > 0
 
     def assign_gpus(self):
         p, d, self.shared_gpu = split_gpus(self.ngpu, self.tp_p, self.tp_d)
         self.p_gpus, self.d_gpus = ",".join(map(str, p)), ",".join(map(str, d))
-        self.mem_util = setting("GPU_MEM_UTIL_SHARED") if self.shared_gpu else setting("GPU_MEM_UTIL")
+        self.mem_util = self.settings.get("GPU_MEM_UTIL_SHARED" if self.shared_gpu else "GPU_MEM_UTIL")
         log("GPU split: P on [%s] (TP %d), D on [%s] (TP %d), memory utilization %s%s" % (
             self.p_gpus, self.tp_p, self.d_gpus, self.tp_d, self.mem_util, ", shared GPU" if self.shared_gpu else ""))
         self.shared_gpu_ucx()
 
     def shared_gpu_ucx(self):
-        """On a shared GPU the servers get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y unless the caller set it.
+        """On a shared GPU the children get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y unless the caller set it.
         UCX turns cuda_ipc's get-zcopy (NIXL's READ) off when it sees no NVLink, which it never does
         with one GPU; READs then go through software emulation over tcp/lo.  Measured 2026-11-24 on
         1xH100 (experiments/probes/ucx_same_gpu.py, two processes): 1.17 GB in 2.85-3.08 s (0.40
         GB/s) with UCX's default, 0.91 ms (1292 GB/s) with the variable."""
-        if self.shared_gpu and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in os.environ:
-            os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = "y"
+        if self.shared_gpu and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in self.child_env():
+            self.env_changes["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = "y"
             log("shared GPU: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (UCX's default turns cuda_ipc READs off without "
                 "NVLink: 0.4 GB/s)")
 
@@ -151,9 +169,9 @@ class Pair:
         """(True, "") when a P/D TTFT means something here: P and D on their own GPUs, a shared GPU
         with cuda_ipc READs on (shared_gpu_ucx sets them), or BENCH_ALLOW_SHARED_GPU=1."""
         need = self.tp_p + self.tp_d
-        if self.ngpu >= need or setting("BENCH_ALLOW_SHARED_GPU", "0") == "1":
+        if self.ngpu >= need or self.settings.get("BENCH_ALLOW_SHARED_GPU", "0") == "1":
             return True, ""
-        zcopy = os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+        zcopy = self.child_env().get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
         if zcopy is None or zcopy in ("y", "yes", "on", "1"):
             return True, ""
         return False, ("needs %d GPUs (P: %d, D: %d) and this machine has %d: P and D would share a GPU, and with "
@@ -165,20 +183,21 @@ class Pair:
     def ensure_model(self):
         """MODEL when given; otherwise the random model of MODEL_ARCH, generated once
         (make_model.py returns at once when its folder holds one made with the same settings)."""
-        model = setting("MODEL")
+        s = self.settings
+        model = s.get("MODEL")
         if model:
             if not os.path.isfile(os.path.join(model, "config.json")):
                 die(EXIT_SETUP, "MODEL=%s has no config.json" % model)
         else:
-            model = model_dir_for(setting("MODEL_ARCH"))
-            if make_model(setting("MODEL_ARCH"), stdout=sys.stderr) != 0:
+            model = model_dir_for(s.get("MODEL_ARCH"))
+            if make_model(s, s.get("MODEL_ARCH"), env=self.child_env(), stdout=sys.stderr) != 0:
                 die(EXIT_SETUP, "make_model.py failed")
-        os.environ["MODEL"] = self.model = model
+        self.model = model
         # the package's shape (the one make_model.py recorded for a model it generated) at D's TP size
         self.shape = model_shape(model, self.tp_d)
         self.model_family = self.shape.family
         try:
-            self.bytes_per_block = model_block_bytes(model, int_setting("BLOCK_SIZE"), max(self.tp_p, self.tp_d))
+            self.bytes_per_block = model_block_bytes(model, s.get_int("BLOCK_SIZE"), max(self.tp_p, self.tp_d))
         except NotDense:
             self.bytes_per_block = 0
         self.dense_bytes_per_block = self.bytes_per_block
@@ -209,48 +228,49 @@ class Pair:
             f.write(line + "\n")
 
     def start_server(self, name, cfg, port, side, gpus, tp, logf):
-        s = configs.server_settings(cfg, self.version)
+        base = self.child_env()
+        s = configs.server_settings(cfg, self.version, self.settings, base.get("PYTHONPATH", ""))
         kvcfg = '{"kv_connector":"NixlConnector","kv_role":"kv_both"'
         if s.kv_extra:
             kvcfg += ',"kv_connector_extra_config":%s' % s.kv_extra
         kvcfg += "}"
         envs = [("CUDA_VISIBLE_DEVICES", gpus), ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(side)), ("UCX_NET_DEVICES", "all")]
-        if self.shared_gpu and os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY"):
-            envs.append(("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"]))
+        if self.shared_gpu and base.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY"):
+            envs.append(("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", base["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"]))
         if not gate("layouts", self.version)[0]:      # NIXL (and the cross-layer path) need HND there
-            envs.append(("VLLM_KV_CACHE_LAYOUT", setting("KV_LAYOUT", "HND")))
+            envs.append(("VLLM_KV_CACHE_LAYOUT", self.settings.get("KV_LAYOUT", "HND")))
         envs += list(s.env.items())
         is_d = name.startswith("D")
         # the negative-control folder's import hook: D's registration report (every config, stock too) and
         # the handoff trace (P and D); nc-* configs have it on D's PYTHONPATH already
-        if (self.trace_dir or (is_d and setting("REG_REPORT") == "1")) and "PYTHONPATH" not in (
+        if (self.trace_dir or (is_d and self.settings.get("REG_REPORT") == "1")) and "PYTHONPATH" not in (
                 s.d_env if is_d else {}):
-            envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, os.environ.get("PYTHONPATH", ""))))
+            envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, base.get("PYTHONPATH", ""))))
         if self.trace_dir:
             envs.append(("XLKV_TRACE_HANDOFF", self.trace_dir))
         if is_d:
             envs += list(s.d_env.items())
             # the registration report: the hook reads what vLLM registered
             self.d_reg_report = None
-            if setting("REG_REPORT") == "1":
+            if self.settings.get("REG_REPORT") == "1":
                 self.d_reg_report = logf[:-len(".log")] + "-registration.json" if logf.endswith(".log") else \
                     logf + "-registration.json"
                 if os.path.exists(self.d_reg_report):
                     os.remove(self.d_reg_report)
                 envs.append(("XLKV_REGISTRATION_REPORT", self.d_reg_report))
-        cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host", "127.0.0.1",
-               "--port", str(port), "--enforce-eager", "--block-size", setting("BLOCK_SIZE"),
-               "--gpu-memory-utilization", self.mem_util, "--max-model-len", setting("MAX_MODEL_LEN"),
+        cmd = [self.settings.get("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host",
+               "127.0.0.1", "--port", str(port), "--enforce-eager", "--block-size", self.settings.get("BLOCK_SIZE"),
+               "--gpu-memory-utilization", self.mem_util, "--max-model-len", self.settings.get("MAX_MODEL_LEN"),
                "--kv-transfer-config", kvcfg]
         if tp > 1:
             cmd += ["--tensor-parallel-size", str(tp)]
-        cmd += shlex.split(setting("SERVE_EXTRA_ARGS"))
+        cmd += self.serve_args
         if is_d:
             cmd += s.d_args
         self.proxy_args = s.proxy_args
         self._note("%s: %s %s" % (name, " ".join("%s=%s" % kv for kv in envs), " ".join(cmd)))
         log("start %s (%s) on :%s, GPUs [%s], log %s" % (name, cfg, port, gpus, logf))
-        env = dict(os.environ)
+        env = base
         env.update(envs)
         with open(logf, "w") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -259,7 +279,7 @@ class Pair:
         return proc
 
     def wait_ready(self, name, url, proc, logf, timeout=None):
-        timeout = int_setting("READY_TIMEOUT") if timeout is None else timeout
+        timeout = self.settings.get_int("READY_TIMEOUT") if timeout is None else timeout
         t0 = time.monotonic()
         while not http_ok(url):
             why = None
@@ -276,28 +296,28 @@ class Pair:
         log("%s ready after %ds" % (name, time.monotonic() - t0))
 
     def url(self, which, path):
-        port = {"P": setting("PORT_P"), "D": setting("PORT_D"), "proxy": setting("PORT_PROXY")}[which]
+        port = self.settings.get({"P": "PORT_P", "D": "PORT_D", "proxy": "PORT_PROXY"}[which])
         return "http://127.0.0.1:%s%s" % (port, path)
 
     def start_pair(self, cfg, tag):
         """P, D and the proxy; logs under WORK/TAG-{p,d,proxy}.log."""
-        require_ports_free(*(setting(k) for k in ("PORT_P", "PORT_D", "PORT_PROXY", "SIDE_P", "SIDE_D")))
+        require_ports_free(*(self.settings.get(k) for k in ("PORT_P", "PORT_D", "PORT_PROXY", "SIDE_P", "SIDE_D")))
         self.assign_gpus()
         self.p_log, self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x))
                                                   for x in ("p", "d", "proxy"))
         self.trace_dir = None
-        if setting("HANDOFF_TRACE") == "1":
+        if self.settings.get("HANDOFF_TRACE") == "1":
             self.trace_dir = os.path.join(self.work, "%s-trace" % tag)
             shutil.rmtree(self.trace_dir, ignore_errors=True)
             os.makedirs(self.trace_dir)
-        p = self.start_server("P[%s]" % cfg, cfg, setting("PORT_P"), setting("SIDE_P"), self.p_gpus, self.tp_p,
-                              self.p_log)
+        p = self.start_server("P[%s]" % cfg, cfg, self.settings.get("PORT_P"), self.settings.get("SIDE_P"),
+                              self.p_gpus, self.tp_p, self.p_log)
         # on a shared GPU vLLM's memory profiling of one instance must not see the other one still
         # growing: start them one after the other
         if self.shared_gpu:
             self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
-        d = self.start_server("D[%s]" % cfg, cfg, setting("PORT_D"), setting("SIDE_D"), self.d_gpus, self.tp_d,
-                              self.d_log)
+        d = self.start_server("D[%s]" % cfg, cfg, self.settings.get("PORT_D"), self.settings.get("SIDE_D"),
+                              self.d_gpus, self.tp_d, self.d_log)
         self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
         self.wait_ready("D[%s]" % cfg, self.url("D", "/health"), d, self.d_log)
         self.start_proxy()
@@ -308,12 +328,12 @@ class Pair:
 
     def start_prefill_alone(self, cfg, tag):
         """P alone with stock settings (the bench's prefill_only)."""
-        require_ports_free(setting("PORT_P"), setting("SIDE_P"))
+        require_ports_free(self.settings.get("PORT_P"), self.settings.get("SIDE_P"))
         self.assign_gpus()
         self.p_log, self.d_log, self.d_reg_report = os.path.join(self.work, "%s-p.log" % tag), None, None
         self.trace_dir = None  # no handoff without D
-        p = self.start_server("P[%s]" % cfg, "stock", setting("PORT_P"), setting("SIDE_P"), self.p_gpus, self.tp_p,
-                              self.p_log)
+        p = self.start_server("P[%s]" % cfg, "stock", self.settings.get("PORT_P"), self.settings.get("SIDE_P"),
+                              self.p_gpus, self.tp_p, self.p_log)
         self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
 
     def restart_decode(self, cfg, tag):
@@ -327,26 +347,28 @@ class Pair:
                 keep.insert(0, (name, proc, logf))
         self.procs = keep
         t0 = time.monotonic()
-        while any(port_in_use(setting(k)) for k in ("PORT_D", "PORT_PROXY", "SIDE_D")) and time.monotonic() - t0 < 30:
+        ports = [self.settings.get(k) for k in ("PORT_D", "PORT_PROXY", "SIDE_D")]
+        while any(port_in_use(p) for p in ports) and time.monotonic() - t0 < 30:
             time.sleep(1)
-        require_ports_free(setting("PORT_D"), setting("PORT_PROXY"), setting("SIDE_D"))
+        require_ports_free(*ports)
         log("restarting D as %s (P kept)" % cfg)
         self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x)) for x in ("d", "proxy"))
-        d = self.start_server("D[%s]" % cfg, cfg, setting("PORT_D"), setting("SIDE_D"), self.d_gpus, self.tp_d,
-                              self.d_log)
+        d = self.start_server("D[%s]" % cfg, cfg, self.settings.get("PORT_D"), self.settings.get("SIDE_D"),
+                              self.d_gpus, self.tp_d, self.d_log)
         self.wait_ready("D[%s]" % cfg, self.url("D", "/health"), d, self.d_log)
         self.start_proxy()
         if cfg.startswith(configs.NEGATIVE_PREFIX):
             self.check_negative_control_active(self.d_log)
 
     def start_proxy(self):
-        cmd = [setting("PY"), os.path.join(EXP_DIR, "pd_proxy.py"), "--port", setting("PORT_PROXY"),
-               "--prefill", self.url("P", ""), "--decode", self.url("D", "")] + list(self.proxy_args)
+        cmd = [self.settings.get("PY"), os.path.join(EXP_DIR, "pd_proxy.py"), "--port",
+               self.settings.get("PORT_PROXY"), "--prefill", self.url("P", ""), "--decode",
+               self.url("D", "")] + list(self.proxy_args)
         if self.trace_dir:
             cmd += ["--trace", self.proxy_trace()]
         with open(self.proxy_log, "w") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, env=self.child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(("proxy", proc, self.proxy_log))
         self.wait_ready("proxy", self.url("proxy", "/health"), proc, self.proxy_log, 60)
 
@@ -355,7 +377,7 @@ class Pair:
 
     def check_shim_active(self, *logs):
         """A hint only (the descriptor count is the proof): the shim logs "... is active"."""
-        pattern = re.compile(setting("XLKV_ACTIVE_RE"))
+        pattern = re.compile(self.settings.get("XLKV_ACTIVE_RE"))
         for f in logs:
             with open(f, errors="replace") as fh:
                 if not pattern.search(fh.read()):
@@ -373,7 +395,7 @@ class Pair:
             except OSError:
                 pass
         try:
-            proc.wait(int_setting("STOP_TIMEOUT"))
+            proc.wait(self.settings.get_int("STOP_TIMEOUT"))
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, 9)
@@ -392,7 +414,8 @@ class Pair:
         for _, proc, _ in self.procs:
             self._stop(proc)
         t0 = time.monotonic()
-        while any(port_in_use(setting(k)) for k in ("PORT_P", "PORT_D", "PORT_PROXY")) and time.monotonic() - t0 < 30:
+        ports = [self.settings.get(k) for k in ("PORT_P", "PORT_D", "PORT_PROXY")]
+        while any(port_in_use(p) for p in ports) and time.monotonic() - t0 < 30:
             time.sleep(1)
         if self.procs:
             log("stopped %s" % " ".join(name for name, _, _ in self.procs))
@@ -403,12 +426,13 @@ class Pair:
         """The churning load that fragments the free block queues: N random prompts of FRAG_LEN x
         [0.1, 1.9] tokens (seed 77), OUT_LEN output tokens each, all sent at once to URL.  False
         (and the log's tail on stderr) when it failed."""
-        cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm", "--model",
-               self.model, "--tokenizer", self.model, "--base-url", url, "--endpoint", "/v1/completions",
-               "--dataset-name", "random", "--random-input-len", setting("FRAG_LEN", "2048"), "--random-output-len",
-               str(out_len), "--random-range-ratio", "0.9", "--num-prompts", str(n), "--seed", "77", "--ignore-eos"]
+        cmd = [self.settings.get("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+               "--model", self.model, "--tokenizer", self.model, "--base-url", url, "--endpoint", "/v1/completions",
+               "--dataset-name", "random", "--random-input-len", self.settings.get("FRAG_LEN", "2048"),
+               "--random-output-len", str(out_len), "--random-range-ratio", "0.9", "--num-prompts", str(n), "--seed",
+               "77", "--ignore-eos"]
         self._note("fragment: " + " ".join(cmd))
-        ok = run_logged(cmd, logf, int(timeout or setting("FRAG_TIMEOUT", "900")))
+        ok = run_logged(cmd, logf, int(timeout or self.settings.get("FRAG_TIMEOUT", "900")), self.child_env())
         if ok:
             with open(logf, errors="replace") as f:
                 for line in f:
@@ -419,7 +443,7 @@ class Pair:
     def wait_kv_lines(self, logf, offset, limit=None):
         """Waits until a "KV Transfer metrics" line follows ``offset`` in D's log, then two more
         logging intervals and a margin of one more up to 1 s (the final interval's lines)."""
-        limit = float(setting("KV_WAIT", "60") if limit is None else limit)
+        limit = float(self.settings.get("KV_WAIT", "60") if limit is None else limit)
         t0 = time.monotonic()
         while True:
             with open(logf, "rb") as f:
@@ -430,7 +454,7 @@ class Pair:
                 log("WARNING: no KV Transfer metrics line in %s within %ds" % (logf, limit))
                 return False
             time.sleep(0.2)
-        i = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "3"))
+        i = float(self.child_env().get("VLLM_LOG_STATS_INTERVAL", "3"))
         time.sleep(2 * i + min(i, 1.0))
         return True
 
@@ -443,12 +467,12 @@ def log_offset(path):
         return 0
 
 
-def run_logged(cmd, logf, timeout):
-    """Runs ``cmd`` with its output in ``logf``; False (with the log's last 30 lines on stderr)
-    when it failed or ran past ``timeout`` seconds."""
+def run_logged(cmd, logf, timeout, env):
+    """Runs ``cmd`` with environment ``env`` and its output in ``logf``; False (with the log's last
+    30 lines on stderr) when it failed or ran past ``timeout`` seconds."""
     with open(logf, "w") as out:
         try:
-            ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            ok = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 timeout=timeout).returncode == 0
         except subprocess.TimeoutExpired:
             ok = False
@@ -458,9 +482,9 @@ def run_logged(cmd, logf, timeout):
     return ok
 
 
-def collect_log_tails(work, dest, lines=None):
-    """The tails of every log of a run, into one file (a device call's $OUT)."""
-    n = int(lines or setting("TAIL_LINES", "80"))
+def collect_log_tails(work, dest, lines=80):
+    """The tails of every log of a run (the last ``lines`` lines), into one file (a device call's $OUT)."""
+    n = int(lines)
     with open(dest, "w") as out:
         for name in sorted(os.listdir(work)) if os.path.isdir(work) else []:
             path = os.path.join(work, name)

@@ -1,16 +1,24 @@
-"""The lab's settings (environment variables and their defaults), exit codes and messages.
+"""The lab's settings, exit codes and messages.
 
-Every job reads its settings from the environment, as the operators' scripts always did
-(experiments/README.md lists them); this module is the one place their defaults are written.
+Every job's settings are environment variables, as the operators' scripts always had them
+(experiments/README.md lists them).  A door (``cli.main``: main.sh, pd_equivalence.sh, ...) reads
+them once into a ``Settings`` and hands that object on; nothing of the lab writes the
+environment.  A child process (a vLLM server, the proxy, the bench client, make_model.py ...)
+gets its environment as an explicit dict built from the settings (``server_env``, ``Pair.child_env``).
 
-    setting("WORK") -> "/tmp/xlkv-exp" unless WORK is set
-    LabExit(code, message)   raised by ``die``; the entry point prints "ERROR: message", exits code
+    s = Settings.read()        # at the door: this process's environment, frozen
+    s.get("WORK")              # "/tmp/xlkv-exp" unless WORK is set (and not empty)
+    server_env(s)              # the servers' environment (the checkout and SITE first on PYTHONPATH ...)
+    LabExit(code, message)     # raised by ``die``; the door prints "ERROR: message", exits code
 """
 
+import dataclasses
 import importlib.metadata
 import os
 import sys
 import time
+import types
+from typing import Mapping
 
 EXIT_OK = 0
 EXIT_FAIL = 1          # a check failed (outputs differ, descriptors too many, bench error)
@@ -44,6 +52,27 @@ DEFAULTS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The environment a door found, frozen, read through DEFAULTS.  ``environ`` is also what
+    every child process inherits (plus what the lab adds for it, explicitly)."""
+
+    environ: Mapping[str, str] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+    @classmethod
+    def read(cls, environ=None):
+        """At a door: this process's environment (or ``environ``), copied once."""
+        return cls(types.MappingProxyType(dict(os.environ if environ is None else environ)))
+
+    def get(self, name, default=None):
+        """The value of ``name``, else (unset or empty, as the scripts always read them) its
+        default: DEFAULTS, or ``default``."""
+        return self.environ.get(name) or DEFAULTS.get(name, default)
+
+    def get_int(self, name, default=None):
+        return int(self.get(name, default))
+
+
 class LabExit(Exception):
     """End the job with ``code``; ``message`` (if any) is printed as ERROR on stderr."""
 
@@ -61,80 +90,70 @@ def log(message):
     print("[%s] %s" % (time.strftime("%H:%M:%S"), message), file=sys.stderr, flush=True)
 
 
-def setting(name, default=None):
-    """The value of ``name`` in the environment, else (unset or empty, as the scripts always
-    read them) its default: DEFAULTS, or ``default``."""
-    return os.environ.get(name) or DEFAULTS.get(name, default)
+def server_env(settings):
+    """The servers' environment (and that of every other child of a job: the proxy, the bench
+    client, the shim's status): the door's, with the checkout first on PYTHONPATH (its
+    sitecustomize.py activates the shim where ENABLE_XLKV is on; with the flag off it does
+    nothing; SHIM_PATH names another checkout), then the staged vLLM.  ENABLE_XLKV is set per
+    server, never for all."""
+    env = dict(settings.environ)
+    head = "%s:%s" % (settings.get("SHIM_PATH") or REPO_DIR, settings.get("SITE"))
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = head + (":" + old if old else "")
+    env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"          # flashinfer is not in the bundle
+    env.setdefault("VLLM_LOG_STATS_INTERVAL", "3")    # KV Transfer metrics lines
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("ENABLE_XLKV", None)
+    return env
 
 
-def int_setting(name, default=None):
-    return int(setting(name, default))
+def python_path(env):
+    """Where a child with environment ``env`` looks: its PYTHONPATH first, then this interpreter's
+    own path (the jobs run under $PY, the Python that serves vLLM)."""
+    return [p for p in env.get("PYTHONPATH", "").split(":") if p] + [p for p in sys.path if p]
 
 
-def setup_env():
-    """The servers' environment, set once per job in this process (children inherit it): the
-    checkout first on PYTHONPATH (its sitecustomize.py activates the shim where ENABLE_XLKV is
-    on; with the flag off it does nothing; SHIM_PATH names another checkout), then the staged
-    vLLM.  ENABLE_XLKV is set per server, never globally."""
-    head = "%s:%s" % (setting("SHIM_PATH") or REPO_DIR, setting("SITE"))
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = head + (":" + old if old else "")
-    os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"          # flashinfer is not in the bundle
-    os.environ.setdefault("VLLM_LOG_STATS_INTERVAL", "3")    # KV Transfer metrics lines
-    os.environ["PYTHONUNBUFFERED"] = "1"
-    os.environ.pop("ENABLE_XLKV", None)
-
-
-def python_path():
-    """Where the servers' Python looks: PYTHONPATH first, then this interpreter's own path (the
-    jobs run under $PY, the Python that serves vLLM)."""
-    return [p for p in os.environ.get("PYTHONPATH", "").split(":") if p] + [p for p in sys.path if p]
-
-
-def vllm_version(path=None):
-    """The vLLM release in ``path`` (a list of folders; default PYTHONPATH), from its package
-    metadata without importing vLLM; None when there is none."""
-    for d in importlib.metadata.distributions(name="vllm", path=list(path if path is not None else python_path())):
+def vllm_version(path):
+    """The vLLM release in ``path`` (a list of folders), from its package metadata without
+    importing vLLM; None when there is none."""
+    for d in importlib.metadata.distributions(name="vllm", path=list(path)):
         return d.version
     return None
 
 
-def vllm_package_dir(path=None):
-    for folder in (path if path is not None else python_path()):
+def vllm_package_dir(path):
+    for folder in path:
         pkg = os.path.join(folder, "vllm")
         if os.path.isfile(os.path.join(pkg, "__init__.py")):
             return pkg
     return None
 
 
-def site_version():
+def site_version(settings):
     """The vLLM release staged in SITE ("" when there is none)."""
-    return vllm_version([setting("SITE")]) or ""
+    return vllm_version([settings.get("SITE")]) or ""
 
 
-def require_vllm():
-    """The release of the importable vLLM, or LabExit(EXIT_SETUP) saying how to stage one."""
-    version = vllm_version()
+def require_vllm(env):
+    """The release of the vLLM a child with environment ``env`` imports, or LabExit(EXIT_SETUP)
+    saying how to stage one."""
+    path = python_path(env)
+    version = vllm_version(path)
     if not version:
         die(EXIT_SETUP, "vLLM is not importable (PYTHONPATH=%s).\n"
             "  Stage the bundle first (experiments/README.md): one call per chunk\n"
             "  'bash experiments/run_gpu_cell.sh --bundle DIR stage', then '... --bundle DIR setup'."
-            % os.environ.get("PYTHONPATH", ""))
-    os.environ["VLLM_VERSION"] = version
-    log("vLLM %s from %s" % (version, vllm_package_dir()))
+            % env.get("PYTHONPATH", ""))
+    log("vLLM %s from %s" % (version, vllm_package_dir(path)))
     return version
 
 
-def run_job(main, *args):
-    """A job's ``main`` in this process with the environment it found (a cell's steps each start
-    from the call's); LabExit becomes its exit code, its message an ERROR line on stderr."""
-    saved = dict(os.environ)
+def run_job(main, *args, **kw):
+    """A job's ``main`` in this process; LabExit becomes its exit code, its message an ERROR line
+    on stderr."""
     try:
-        return main(*args)
+        return main(*args, **kw)
     except LabExit as e:
         if e.message:
             print("\nERROR: %s" % e.message, file=sys.stderr, flush=True)
         return e.code
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)

@@ -5,7 +5,6 @@ from the one entry point; the lab's scripts outside it are imported or started b
 import ast
 import glob
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXP = os.path.join(ROOT, "experiments")
@@ -26,12 +25,7 @@ FLOORS = {
 
 
 def _imports():
-    """module -> the package's modules it imports (relative imports, and cli's job table)."""
-    sys.path.insert(0, EXP)
-    try:
-        from pdtools import cli
-    finally:
-        sys.path.remove(EXP)
+    """module -> the package's modules it imports (relative imports; the jobs are plain imports of cli)."""
     graph = {}
     for path in sorted(glob.glob(os.path.join(PKG, "*.py"))):
         name = os.path.basename(path)[:-3]
@@ -40,7 +34,6 @@ def _imports():
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 deps.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
         graph[name] = deps
-    graph["cli"] |= {module for module, _ in cli.JOBS.values() if module}
     return graph
 
 

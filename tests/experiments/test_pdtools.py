@@ -858,13 +858,14 @@ def test_an_empty_setting_reads_as_unset(monkeypatch):
     from pdtools import settings
     monkeypatch.setenv("TP_D", "")
     monkeypatch.setenv("WORK", "")
-    assert settings.setting("TP_D") == settings.DEFAULTS["TP_D"] == "1"
-    assert settings.int_setting("TP_D") == 1
-    assert settings.setting("WORK") == settings.DEFAULTS["WORK"]
+    s = settings.Settings.read()
+    assert s.get("TP_D") == settings.DEFAULTS["TP_D"] == "1"
+    assert s.get_int("TP_D") == 1
+    assert s.get("WORK") == settings.DEFAULTS["WORK"]
     monkeypatch.setenv("TP_D", "2")
-    assert settings.int_setting("TP_D") == 2
-    monkeypatch.setenv("XLKV_NO_SUCH_SETTING", "")
-    assert settings.setting("XLKV_NO_SUCH_SETTING", "fallback") == "fallback"
+    assert s.get_int("TP_D") == 1                      # read once, at the door: a later change is not seen
+    assert settings.Settings.read().get_int("TP_D") == 2
+    assert settings.Settings.read({"XLKV_NO_SUCH_SETTING": ""}).get("XLKV_NO_SUCH_SETTING", "fallback") == "fallback"
 
 
 def test_a_shim_that_kept_the_stock_layout_for_any_tp_is_not_held_to_the_descriptor_promise(tmp_path):

@@ -112,7 +112,7 @@ def test_assign_gpus(ngpu, tp_p, tp_d, expect, monkeypatch, tmp_path):
     for k, v in dict(TP_P=tp_p, TP_D=tp_d, WORK=tmp_path).items():
         monkeypatch.setenv(k, str(v))
     monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
-    lab = pair.Pair("0.26.0")
+    lab = pair.Pair(settings.Settings.read(), "0.26.0")
     lab.ngpu = ngpu
     lab.assign_gpus()
     assert "%s|%s|%d|%s" % (lab.p_gpus, lab.d_gpus, lab.shared_gpu, lab.mem_util) == expect
@@ -125,14 +125,20 @@ def test_assign_gpus_too_few():
 
 
 def _cfg(name, version="0.26.0"):
-    """A config's settings as the lab applies them: (env of both, kv extra, D-only env, D-only flags, proxy)."""
-    s = configs.server_settings(name, version)
+    """A config's settings as the lab applies them: (env of both, kv extra, D-only env, D-only flags, proxy),
+    with this environment as the door's and its PYTHONPATH as the servers'."""
+    s = configs.server_settings(name, version, settings.Settings.read(), os.environ.get("PYTHONPATH", ""))
     return (" ".join("%s=%s" % kv for kv in s.env.items()), s.kv_extra,
             " ".join("%s=%s" % kv for kv in s.d_env.items()), " ".join(s.d_args), " ".join(s.proxy_args))
 
 
 def _supported(name, version):
-    return configs.supported(name, version)[0]
+    return _why(name, version)[0]
+
+
+def _why(name, version):
+    """configs.supported with this environment as the door's and the children's."""
+    return configs.supported(name, version, settings.Settings.read(), dict(os.environ))
 
 
 def test_config_env_and_support(monkeypatch):
@@ -146,13 +152,13 @@ def test_config_env_and_support(monkeypatch):
     assert _supported("stock-v1", "0.26.0") and not _supported("stock-v1", "0.33.0")
     # native = vLLM's own best configuration: the opt-in up to 0.28, the BLNHC layout from 0.29
     assert _supported("native", "0.29.0")
-    ok, why = configs.supported("native", "0.15.1")
+    ok, why = _why("native", "0.15.1")
     assert not ok and "from 0.16 on" in why
     assert _cfg("native", "0.33.0")[:2] == ("VLLM_KV_CACHE_LAYOUT=BLNHC", "")
     assert _cfg("native", "0.28.0")[:2] == ("", '{"enable_cross_layers_blocks": "true"}')
     assert not _supported("bogus", "0.21.0")
     with pytest.raises(settings.LabExit):
-        configs.server_settings("bogus", "0.21.0")
+        configs.server_settings("bogus", "0.21.0", settings.Settings.read())
     # negative controls: the config's own settings on both sides, the hook on D only
     monkeypatch.setenv("PYTHONPATH", "/repo:/site")
     both, _, d_only = _cfg("nc-shim")[:3]
@@ -166,10 +172,8 @@ def test_site_version_is_defined_once_and_reads_the_staged_release(tmp_path, mon
     dist = site / "vllm-0.26.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
-    monkeypatch.setenv("SITE", str(site))
-    assert settings.site_version() == "0.26.0"
-    monkeypatch.setenv("SITE", str(tmp_path / "none"))
-    assert settings.site_version() == ""
+    assert settings.site_version(settings.Settings.read({"SITE": str(site)})) == "0.26.0"
+    assert settings.site_version(settings.Settings.read({"SITE": str(tmp_path / "none")})) == ""
     lab = glob.glob(os.path.join(EXP, "pdtools", "*.py")) + [s for s in SCRIPTS if not s.endswith("bundle.sh")]
     defs = [s for s in lab if re.search(r"def site_version\b|site_version\(\) \{", open(s).read())]
     assert [os.path.basename(s) for s in defs] == ["settings.py"]
@@ -664,7 +668,7 @@ def test_shim_ablation_and_ray_configs(monkeypatch):
         pytest.skip("ray is importable here")
     monkeypatch.setenv("SHIM_CHECK", "0")
     monkeypatch.setenv("PY", sys.executable)
-    ok, why = configs.supported("shim-ray", "0.29.0")
+    ok, why = _why("shim-ray", "0.29.0")
     assert not ok and "XLKV_BUNDLE_EXTRA=ray" in why
     assert _supported("shim-keep-order", "0.29.0")
 
@@ -678,7 +682,7 @@ def test_proxy_lever_config_and_the_removed_shim_levers(monkeypatch):
     for version in ("0.26.0", "0.33.0"):
         assert _supported("shim-ids", version)
     for cfg in ("shim-early", "shim-notice", "shim-levers", "shim-all", "nc-shim-levers"):
-        ok, why = configs.supported(cfg, "0.33.0")
+        ok, why = _why(cfg, "0.33.0")
         assert not ok and "unknown config" in why, (cfg, why)
     assert "shim-early" not in open(configs.__file__).read()
     # the negative control of the proxy lever keeps it and corrupts D's KV
