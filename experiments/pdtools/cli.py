@@ -30,14 +30,14 @@ import os
 import sys
 import time
 
-from . import job_bench, job_cell, job_equivalence, job_main, job_upstream
+from . import job_bench, job_cell, job_equivalence, job_main, job_upstream, report
 from .client import http_text
 from .equivalence import REFERENCES
 from .gates import GATES, gate
 from .kvmetrics import (NotDense, aggregate_kv, attention_backend, kv_summary, load_registration, model_block_bytes,
                         model_family, read_kv_lines, registration_bytes_per_block)
 from .prompts import DEFAULT_EQ_LENGTHS, prompt_text
-from .results import bench_cell_to_file, gpu_slug, merge_results, report_main
+from .results import bench_cell_to_file, gpu_slug, merge_results
 from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
                    summary_to_file)
 from .settings import Settings, run_job
@@ -138,15 +138,15 @@ JOBS = {
     "bench": (job_bench, "P/D TTFT benchmark (pd_bench.sh)"),
     "cell": (job_cell, "one device call: steps, then the results and the console into $OUT (run_gpu_cell.sh)"),
     "upstream": (job_upstream, "vLLM's own NIXL tests on a lent GPU, stock vs flag on (upstream/gpu.sh)"),
-    "report": (None, "markdown table and plot of bench results (report.py)"),
+    "report": (report, "markdown table and plot of bench results (report.py)"),
 }
 
 
 def run_named_job(name, argv):
     """A job of JOBS with its arguments; its exit code."""
-    if name == "report":
-        return report_main(argv)
     module = JOBS[name][0]
+    if module is report:        # files in, files out: no settings
+        return report.main(argv)
     settings = Settings.read()      # the door: the environment, read once, handed on
     args = (settings, argv) if module in (job_cell, job_upstream) else (settings,)
     return run_job(module.main, *args)

@@ -8,9 +8,11 @@ Names: ``native`` (vLLM's own cross-layer setting exists: enable_cross_layers_bl
 VLLM_KV_CACHE_LAYOUT=BLNHC), ``layouts`` (KV cache layouts chosen once per engine:
 VLLM_KV_CACHE_LAYOUT), ``runner-v1`` (Model Runner V2 is the default and ignores cross-layer blocks,
 so the V1 runner must be asked for).  Standard library only; the table is imported from the
-checkout this file lies in when the running Python has no xlkv_autopatch.
+checkout this file lies in when the running Python has no xlkv_autopatch (loaded from its folder,
+without a change to sys.path).
 """
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -20,12 +22,15 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def shim(name):
     """The shim's pure module ``xlkv_autopatch.<name>`` (releases, versions, facts, families, layout: standard
     library and packaging only), from the checkout this file lies in when the running Python has none."""
-    try:
-        return importlib.import_module("xlkv_autopatch." + name)
-    except ImportError:
-        if _REPO not in sys.path:
-            sys.path.append(_REPO)
-        return importlib.import_module("xlkv_autopatch." + name)
+    if "xlkv_autopatch" not in sys.modules and importlib.util.find_spec("xlkv_autopatch") is None:
+        # the package from this checkout, by location: its submodules are then found in its folder
+        folder = os.path.join(_REPO, "xlkv_autopatch")
+        spec = importlib.util.spec_from_file_location("xlkv_autopatch", os.path.join(folder, "__init__.py"),
+                                                      submodule_search_locations=[folder])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["xlkv_autopatch"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module("xlkv_autopatch." + name)
 
 
 def _table():

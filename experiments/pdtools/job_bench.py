@@ -14,13 +14,13 @@ import socket
 import sys
 import time
 
-from . import configs, handoff
+from . import configs, handoff, report
 from .client import http_text
 from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import gate
 from .kvmetrics import attention_backend
 from .pair import Pair, log_offset, run_logged
-from .results import bench_cell_to_file, report_main
+from .results import bench_cell_to_file
 from .runs import kv_probe, parse_lengths, prom_scrape
 from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, log, require_vllm
 
@@ -242,7 +242,7 @@ def main(settings, eq_json=None, result_dir=None):
         log("skipped (not in this release): %s" % " ".join(skipped))
     log("results: %s" % result_json)
     try:
-        report_main([result_json, "--no-plot"])
+        report.main([result_json, "--no-plot"])
     except Exception as e:          # the report is a convenience; the results file is the record
         log("report.py: %s" % e)
     return failed

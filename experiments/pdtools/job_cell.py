@@ -20,7 +20,9 @@ several bench calls accumulate into one JSON there); copies go to $OUT each call
 that of the first failing step.
 """
 
+import contextlib
 import glob
+import io
 import os
 import re
 import shutil
@@ -29,9 +31,8 @@ import subprocess
 import sys
 import time
 
-from . import job_bench, job_equivalence
+from . import job_bench, job_equivalence, report
 from .pair import collect_log_tails, make_model
-from .results import report_main
 from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR, LabExit, run_job, site_version
 
 STEPS = ("stage", "setup", "check", "status", "model", "equivalence", "bench", "wire")
@@ -120,8 +121,9 @@ def step(name, cell):
             return rc
         wires = sorted(glob.glob(os.path.join(cell.result_dir, "wire-*.json")))
         for f in sorted(glob.glob(os.path.join(cell.result_dir, "20*.json"))):
-            try:                    # each file's markdown and plot; a report that fails costs nothing
-                report_main([f] + (["--wire", wires[-1]] if wires else []), quiet=True)
+            try:                    # each file's markdown and plot (not on the console); a report that fails costs nothing
+                with contextlib.redirect_stdout(io.StringIO()):
+                    report.main([f] + (["--wire", wires[-1]] if wires else []))
             except Exception as e:
                 print("report.py %s: %s" % (f, e))
         return 0

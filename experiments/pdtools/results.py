@@ -181,18 +181,6 @@ def gpu_slug(names):
     return "+".join("%dx%s" % (c, s) for s, c in groups)
 
 
-def report_main(argv, quiet=False):
-    """experiments/report.py's main in this process (its markdown on stdout unless ``quiet``)."""
-    import contextlib
-    import io
-    exp = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if exp not in sys.path:
-        sys.path.insert(0, exp)
-    import report
-    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-        return report.main(argv)
-
-
 def _load_json(path):
     if not path or not os.path.exists(path):
         return None

@@ -3,6 +3,7 @@ as functions that return objects (the files they write are kept for EQ_INCLUDE a
 record; ``python3 experiments/pdtools equiv-run|kv-run|equiv-summary`` are their command lines).
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -115,12 +116,11 @@ def summary_to_file(runs, probes, lengths, meta, out, logprob_tol=0.0, corruptio
 
 
 def corruption_description(how):
-    """The negative-control hook's own description of ``how`` (shift, swap-layers).  Imports only
-    the hook's module (it arms nothing: its sitecustomize.py does that)."""
+    """The negative-control hook's own description of ``how`` (shift, swap-layers).  Loads only
+    the hook's module from its file (it arms nothing: its sitecustomize.py does that)."""
     nc_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "negative_control")
-    sys.path.insert(0, nc_dir)
-    try:
-        import xlkv_negative_control
-    finally:
-        sys.path.remove(nc_dir)
-    return xlkv_negative_control.CORRUPTIONS[how]
+    spec = importlib.util.spec_from_file_location("xlkv_negative_control", os.path.join(nc_dir,
+                                                                                        "xlkv_negative_control.py"))
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook.CORRUPTIONS[how]

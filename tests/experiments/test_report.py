@@ -1,4 +1,5 @@
-"""experiments/report.py: markdown content and the PNG (PNG part skipped without matplotlib)."""
+"""The report job (pdtools/report.py; experiments/report.py is its door): markdown content and the PNG
+(PNG part skipped without matplotlib)."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import pytest
 EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
 sys.path.insert(0, EXP)
 import pdtools  # noqa: E402
-import report  # noqa: E402
+from pdtools import report  # noqa: E402
 
 QWEN3_BLOCK = 16 * 28 * 2 * 8 * 128 * 2
 
