@@ -19,9 +19,14 @@
 
 The shim travels as shim.tar: the flag-on run puts /tmp/up/shim on PYTHONPATH, where its
 sitecustomize.py activates it; the stock run hides it (xlkv_upstream_probe.py).
+
+The tool's fetch, merge and compare are called as functions (their return values, not their
+output); only the mode runs are processes of their own (side by side, each with its own ports).
 """
 
+import functools
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -33,13 +38,23 @@ from .settings import EXIT_SETUP, EXP_DIR, REPO_DIR
 
 TOOL = os.path.join(EXP_DIR, "upstream", "upstream_tests.py")
 WHEELS = ("tblib==3.1.0", "ray==2.48.0")
+#: a child with the staged zstandard wheel on its PYTHONPATH unpacks up.tar.zst (ARCHIVE DEST)
+UNPACK_ZST = ("import sys, tarfile, zstandard\n"
+              "with open(sys.argv[1], 'rb') as f:\n"
+              "    tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(f), mode='r|').extractall(sys.argv[2])\n")
 
 
-def _tool(*args, **kw):
-    return subprocess.run([sys.executable, TOOL] + list(args), **kw)
+@functools.lru_cache(maxsize=None)
+def upstream_tests():
+    """experiments/upstream/upstream_tests.py as a module (a script beside the package: loaded from
+    its file)."""
+    spec = importlib.util.spec_from_file_location("upstream_tests", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def pack(dest, releases):
+def pack(settings, dest, releases):
     work = tempfile.mkdtemp()
     try:
         site, trees = os.path.join(work, "up", "site"), os.path.join(work, "up", "trees")
@@ -51,8 +66,9 @@ def pack(dest, releases):
         for w in glob.glob(os.path.join(work, "wheels", "*.whl")):
             subprocess.run([sys.executable, "-m", "zipfile", "-e", w, site], check=True)
         shutil.rmtree(os.path.join(site, "ray", "jars"), ignore_errors=True)
+        tool = upstream_tests()
         for rel in releases:
-            tree = _tool("fetch", rel, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            tree = tool.fetch(rel, root=tool.cache_root(settings.environ))
             shutil.copytree(tree, os.path.join(trees, "vllm-" + rel), symlinks=True)
         if not shutil.which("zstd"):
             subprocess.run("apt-get update -qq && apt-get install -y -qq zstd", shell=True, check=True)
@@ -100,12 +116,10 @@ def unpack(settings, src):
             print("no zstandard wheel staged (bundle.sh stage carries one)", file=sys.stderr)
             return EXIT_SETUP
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", "/tmp/zs",
-                        found[0]], check=True)
-        sys.path.insert(0, "/tmp/zs")
-        import tarfile
-        import zstandard
-        with open(os.path.join(REPO_DIR, src, "up.tar.zst"), "rb") as f:
-            tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(f), mode="r|").extractall("/tmp")
+                        found[0]], env=settings.environ, check=True)
+        old = settings.environ.get("PYTHONPATH")
+        subprocess.run([sys.executable, "-c", UNPACK_ZST, os.path.join(REPO_DIR, src, "up.tar.zst"), "/tmp"],
+                       env=dict(settings.environ, PYTHONPATH="/tmp/zs" + (":" + old if old else "")), check=True)
     print("\n".join(sorted(os.listdir(os.path.join(up, "trees")))))
     return 0
 
@@ -143,9 +157,13 @@ def run(settings, rel, where, n="4"):
         with open(logf.name, errors="replace") as f:
             sys.stdout.write("".join(f.readlines()[-5:]))
         shutil.copy(logf.name, os.path.join(out, "console-%s-%s.txt" % (rel, mode)))
+    tool = upstream_tests()
     if parts:
-        _tool("merge", res, *parts)
-    if os.path.isfile(res) and _tool("compare", res).returncode != 0:
+        try:
+            tool.merge(res, parts)
+        except SystemExit as e:     # the parts disagree (another release): said; compare judges what is there
+            print("merge: %s" % e, file=sys.stderr)
+    if os.path.isfile(res) and tool.compare(res) != 0:
         rc = 1
     return rc
 
@@ -158,7 +176,7 @@ def main(settings, argv):
         return EXIT_SETUP
     cmd, args = argv[0], argv[1:]
     if cmd == "pack" and len(args) >= 2:
-        return pack(args[0], args[1:])
+        return pack(settings, args[0], args[1:])
     if cmd == "pack" and len(args) == 1:
         print("name at least one release", file=sys.stderr)
         return EXIT_SETUP

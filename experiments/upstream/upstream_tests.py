@@ -97,9 +97,11 @@ HF_CONFIGS = {
 }
 
 
-def cache_root():
-    return os.environ.get("XLKV_UPSTREAM_CACHE") or os.path.join(os.environ.get("XLKV_ENVS", "/work/envs"),
-                                                                 "upstream-tests")
+def cache_root(environ=None):
+    """The cache of fetched test trees, by ``environ`` (default this process's environment)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("XLKV_UPSTREAM_CACHE") or os.path.join(environ.get("XLKV_ENVS", "/work/envs"),
+                                                              "upstream-tests")
 
 
 # --------------------------------------------------------------------------- fetch
@@ -129,29 +131,30 @@ def _download_sdist(release, dest):
     return path, digest.hexdigest()
 
 
-def fetch(release):
+def fetch(release, root=None):
     """Folder with the release's tests/ and pyproject.toml (no vllm/ source: it would shadow the
-    installed package)."""
+    installed package), in the cache ``root`` (default cache_root())."""
     if release not in RELEASES:
         raise SystemExit("release %s has no pinned sdist sha256 in RELEASES (%s)" % (release, ", ".join(RELEASES)))
-    target = os.path.join(cache_root(), "vllm-%s" % release)
+    root = root or cache_root()
+    target = os.path.join(root, "vllm-%s" % release)
     if os.path.isfile(os.path.join(target, ".xlkv-ok")):
         return target
-    os.makedirs(cache_root(), exist_ok=True)
+    os.makedirs(root, exist_ok=True)
     # One fetch per release at a time: two callers (the CI test runs stock and flag-on side by
     # side) once both fetched into an empty cache, and the second replaced the tree the first
     # was already running pytest in (seen 2026-11-24 on a fresh machine: "No such file or
     # directory" for its working directory).  A complete tree is never replaced.
-    with open(os.path.join(cache_root(), ".fetch-%s.lock" % release), "w") as lock:
+    with open(os.path.join(root, ".fetch-%s.lock" % release), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.isfile(os.path.join(target, ".xlkv-ok")):
             return target
-        _fetch_into(release, target)
+        _fetch_into(release, target, root)
     return target
 
 
-def _fetch_into(release, target):
-    tmp = tempfile.mkdtemp(dir=cache_root())
+def _fetch_into(release, target, root):
+    tmp = tempfile.mkdtemp(dir=root)
     try:
         path, got = _download_sdist(release, tmp)
         want = RELEASES[release]
