@@ -19,6 +19,7 @@ from . import configs, equivalence
 from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import shim
 from .pair import Pair, log_offset
+from .prompts import DEFAULT_EQ_LENGTHS
 from .runs import (corruption_description, kv_probe, load_json, parse_lengths, prom_scrape, run_to_file,
                    summary_to_file)
 from .settings import (EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, die, log, python_path, require_vllm,
@@ -71,7 +72,7 @@ def main(settings, eq_json=None):
     s = settings
     _check_options(s)
     eq_configs = s.get("EQ_CONFIGS", "stock shim").split()
-    lengths_text = s.get("EQ_LENGTHS", "5,17,100,1000,2049,4097")
+    lengths_text = s.get("EQ_LENGTHS", ",".join(map(str, DEFAULT_EQ_LENGTHS)))
     lengths = parse_lengths(lengths_text)
     max_tokens, n_logprobs = s.get_int("EQ_MAX_TOKENS", "32"), s.get_int("EQ_LOGPROBS", "5")
     tol = float(s.get("EQ_LOGPROB_TOL", "0"))

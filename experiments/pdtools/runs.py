@@ -1,6 +1,6 @@
 """One equivalence run, one descriptor probe, one summary: what the jobs do with a running pair,
 as functions that return objects (the files they write are kept for EQ_INCLUDE and for the
-record; ``python3 experiments/pdtools equiv-run|kv-run|equiv-summary`` are their command lines).
+record).
 """
 
 import importlib.util

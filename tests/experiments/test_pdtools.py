@@ -50,9 +50,10 @@ def test_prompt_ids_range_length_and_seed():
 
 
 def test_prompt_is_deterministic_in_a_fresh_interpreter():
-    out = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "prompt", "7", "--seed", "3"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    assert out == pdtools.prompt_text(7, seed=3)
+    code = ("import sys; sys.path.insert(0, %r); from pdtools.prompts import prompt_text; "
+            "print(prompt_text(7, seed=3))" % EXP)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == pdtools.prompt_text(7, seed=3) == " ".join("w%d" % i for i in pdtools.prompt_ids(7, seed=3))
 
 
 # ------------------------------------------------------------------ KV metrics lines --------
@@ -251,27 +252,28 @@ def test_merge_equivalence_flags_and_mismatched_machines():
     assert any("0.26.0" in w for w in pdtools.merge_results([ok, other])["warnings"])
 
 
-def test_merge_and_bench_cell_cli(tmp_path):
+def test_merge_cli_and_bench_cells_into_one_file(tmp_path):
+    """bench_cell_to_file (the bench job's) accumulates repetitions in one file; `pdtools merge` (an
+    operator's command) merges files and equivalence summaries."""
+    from pdtools.results import bench_cell_to_file
     res = []
     for i, t in enumerate((3000.0, 3300.0)):
         p = tmp_path / ("stock-10240-64-r%d.json" % i)
         p.write_text(json.dumps(_bench(t, "x")))
         res.append(str(p))
-    kv = tmp_path / "kv.json"
-    kv.write_text(json.dumps(_kv(56)))
     eq = tmp_path / "eq.json"
     eq.write_text(json.dumps({"equivalence_pass": True, "descriptor_pass": True, "vllm_version": "0.21.0",
                               "gpu": "2xH200"}))
     out = tmp_path / "r.json"
-    cmd = [sys.executable, os.path.join(EXP, "pdtools"), "bench-cell", "--out", str(out), "--config", "stock",
-           "--input-len", "10240", "--output-len", "16", "--num-prompts", "64", "--results", *res,
-           "--kv", str(kv), str(kv), "--bytes-per-block", str(QWEN3_BLOCK), "--vllm-version", "0.21.0",
-           "--gpu", "2xH200", "--equivalence", str(eq)]
-    subprocess.run(cmd + ["--run-prefix", "one"], check=True, capture_output=True)
-    subprocess.run(cmd + ["--run-prefix", "one"], check=True, capture_output=True)  # same run ids: no change
+
+    def cell(prefix):
+        bench_cell_to_file(str(out), "stock", 10240, 16, 64, res, [_kv(56), _kv(56)], [], None, QWEN3_BLOCK,
+                           "0.21.0", "2xH200", str(eq), prefix)
+    cell("one")
+    cell("one")  # same run ids: no change
     d = json.loads(out.read_text())
     assert d["equivalence_pass"] is True and d["cells"][0]["mean_ttft_ms"] == [3000.0, 3300.0]
-    subprocess.run(cmd + ["--run-prefix", "two"], check=True, capture_output=True)  # new reps accumulate
+    cell("two")  # new reps accumulate
     d = json.loads(out.read_text())
     assert d["cells"][0]["reps"] == 4
     assert d["cells"][0]["descriptors_per_block"] == pytest.approx(56)
@@ -293,17 +295,16 @@ def test_merge_and_bench_cell_cli(tmp_path):
     assert "equivalence-bad.json" in r.stdout
 
 
-def test_bench_cell_ignores_equivalence_of_another_release(tmp_path):
+def test_bench_cell_ignores_equivalence_of_another_release(tmp_path, capsys):
+    from pdtools.results import bench_cell_to_file
     p = tmp_path / "r0.json"
     p.write_text(json.dumps(_bench(1.0, "x")))
     eq = tmp_path / "eq.json"
     eq.write_text(json.dumps({"equivalence_pass": True, "vllm_version": "0.26.0", "gpu": "2xH200"}))
     out = tmp_path / "r.json"
-    subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "bench-cell", "--out", str(out), "--config",
-                    "stock", "--input-len", "1024", "--output-len", "16", "--num-prompts", "128", "--results", str(p),
-                    "--vllm-version", "0.21.0", "--gpu", "2xH200", "--equivalence", str(eq)],
-                   check=True, capture_output=True)
+    bench_cell_to_file(str(out), "stock", 1024, 16, 128, [str(p)], [], [], None, 0, "0.21.0", "2xH200", str(eq), "p")
     assert json.loads(out.read_text())["equivalence_pass"] is None
+    assert "is for vLLM 0.26.0 on 2xH200, not this run: ignored" in capsys.readouterr().err
 
 
 def test_gpu_slug():
@@ -414,12 +415,7 @@ def test_vllm_has_batch_invariant_reads_the_sources(tmp_path):
     os.remove(pkg / "model_executor" / "layers" / "batch_invariant.py")
     (pkg / "envs.py").write_text('environment_variables = {"VLLM_BATCH_INVARIANT": None}\n')  # later releases
     assert pdtools.vllm_has_batch_invariant(str(pkg))
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "batch-invariant", "--vllm-dir", str(pkg)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "yes"
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "batch-invariant", "--vllm-dir",
-                        str(tmp_path / "nowhere")], capture_output=True, text=True)
-    assert r.returncode == 1 and r.stdout.strip() == "no"
+    assert not pdtools.vllm_has_batch_invariant(str(tmp_path / "nowhere"))
 
 
 # ------------------------------------------------------------------ logprobs, transfers, controls
@@ -560,10 +556,11 @@ def test_distinct_ids_of_the_baseline():
     assert s["distinct_ids"] == {"5": 1, "100": 3}
 
 
-def test_nc_describe_names_the_hooks_corruption():
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "nc-describe", "shift"], capture_output=True,
-                       text=True)
-    assert r.returncode == 0 and r.stdout.startswith("shift: ") and "next block id" in r.stdout
+def test_the_corruption_description_is_the_hooks_own():
+    from pdtools.runs import corruption_description
+    text = corruption_description("shift")
+    assert text.startswith("shift: ") and "next block id" in text
+    assert corruption_description("swap-layers").startswith("swap-layers: ")
 
 
 def test_kv_pulled_reads_d_metrics_before_and_after(tmp_path):
@@ -698,12 +695,9 @@ def test_model_family_and_the_dense_formula_only_for_dense_models(tmp_path):
                                  "layer_types": ["sliding_attention"] * 4, "num_key_value_heads": 8}) == "dense"
     assert pdtools.model_family({"model_type": "qwen3_next", "num_key_value_heads": 2}) == "mamba-hybrid"
     # the dense K/V formula would count an MLA block as 16 * 8 * 2 * 16 * 128 * 2 = 1 MiB (7x too much):
-    # it refuses, and the CLI says 0 (unknown) instead of a wrong number
-    with pytest.raises(pdtools.NotDense):
+    # it refuses (the lab then says 0, unknown, instead of a wrong number)
+    with pytest.raises(pdtools.NotDense, match="mla model"):
         pdtools.model_block_bytes(_mla_config(tmp_path))
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "block-bytes", str(tmp_path)],
-                       capture_output=True, text=True)
-    assert r.stdout.strip() == "0" and "mla model" in r.stderr
     r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "model-family", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.stdout.strip() == "mla"
@@ -718,9 +712,7 @@ def test_bytes_per_block_id_from_the_registration_report(tmp_path):
     assert pdtools.registration_bytes_per_block({"error": "no block_len_per_layer"})[1].endswith("no block_len_per_layer")
     p = tmp_path / "reg.json"
     p.write_text(json.dumps(MLA_STOCK_REG))
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "block-bytes-registered", str(p)],
-                       capture_output=True, text=True)
-    assert r.stdout.strip() == str(8 * MLA_PAGE)
+    assert pdtools.registration_bytes_per_block(pdtools.load_registration(str(p)))[0] == 8 * MLA_PAGE
     assert pdtools.descriptor_limit("FLASH_ATTN_MLA") == 1.0 and pdtools.descriptor_limit("TRITON_MLA") == 1.0
     assert pdtools.descriptor_limit(None, mla=True) == 1.0 and pdtools.descriptor_limit("TRITON_ATTN") == 2.0
 
@@ -752,29 +744,22 @@ def test_kv_run_mla_blocks_and_descriptors_from_what_d_registered():
     assert "different bytes per block id" in kv["bytes_per_block_note"]
 
 
-def test_kv_run_sliding_window_hybrid_is_per_block_id(tmp_path):
+def test_kv_run_sliding_window_hybrid_is_per_block_id(tmp_path, capsys):
     """A 1600-token probe on the 6-group hybrid: the full group sends 100 block ids, each of the 5
     sliding groups its 17-block window tail: 185 block ids, 2 descriptors each (stock)."""
     ids = 100 + 5 * 17
     before, after = _prom(2 * ids, ids * 2 * GEMMA_PAGE)
     kv = pdtools.kv_run(None, 0, before, after, 0, "FLASH_ATTN", registration=GEMMA_STOCK_REG)
     assert kv["blocks_per_transfer"] == pytest.approx(185) and kv["descriptors_per_block"] == pytest.approx(2)
-    # the CLI: with several groups a prompt's length does not give its blocks (sliding tails)
+    # the probe (runs.kv_probe): with several groups a prompt's length does not give its blocks (sliding tails)
+    from pdtools.runs import kv_probe
     reg = tmp_path / "reg.json"
     reg.write_text(json.dumps(GEMMA_STOCK_REG))
-    b, a = tmp_path / "b.json", tmp_path / "a.json"
-    b.write_text(json.dumps(before))
-    a.write_text(json.dumps(after))
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "kv-run", "--prom-before", str(b),
-                        "--prom-after", str(a), "--bytes-per-block", "123", "--registration", str(reg),
-                        "--prompt-len", "1600"], capture_output=True, text=True)
-    kv = json.loads(r.stdout)
+    kv = kv_probe(None, 0, before, after, 123, registration=str(reg), prompt_len=1600, block_size=16)
     assert kv["blocks_per_transfer"] == pytest.approx(185) and kv["bytes_per_block"] == 2 * GEMMA_PAGE
     assert kv["blocks_expected"] is None and kv["descriptors_per_block_from_len"] is None
-    r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "kv-run", "--prom-before", str(b),
-                        "--prom-after", str(a), "--bytes-per-block", "0", "--registration", str(tmp_path / "none"),
-                        "--prompt-len", "1600"], capture_output=True, text=True)
-    assert "no registration report at" in r.stderr and json.loads(r.stdout)["blocks_per_transfer"] is None
+    kv = kv_probe(None, 0, before, after, 0, registration=str(tmp_path / "none"), prompt_len=1600, block_size=16)
+    assert "no registration report at" in capsys.readouterr().err and kv["blocks_per_transfer"] is None
 
 
 def test_the_shims_mla_descriptor_check_is_one_per_block():
