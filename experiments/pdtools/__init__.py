@@ -1,28 +1,24 @@
-"""Helpers of the P/D experiment scripts (standard library only; numpy-free on purpose).
+"""The P/D lab (standard library only; numpy-free on purpose): its jobs, what they share, and the
+one entry point ``python3 experiments/pdtools JOB|COMMAND`` (``__main__`` -> ``cli.main``).
 
-The shell scripts call the package as a command line tool (``python3 experiments/pdtools
-<cmd>``, see ``cli.py``); report.py and the tests in ``tests/experiments`` import it.
-Everything here runs without a GPU.
+The package exports nothing: its doors are ``__main__`` (the shell scripts' way in) and
+experiments/report.py; the lab's scripts and the tests import from the module that defines a name
+(``from pdtools.prompts import prompt_ids``).  Everything here runs without a GPU.
 
+  settings     Settings (the environment a door reads once), exit codes, the servers' environment
   prompts      deterministic word-level prompts
   client       small HTTP client
   equivalence  greedy requests with logprobs and KV pulled, comparisons, the summary
   kvmetrics    "KV Transfer metrics" log lines, Prometheus NIXL counters, descriptor arithmetic
   results      benchmark results cells, idempotent merge, GPU tags
+  report       the report job: results as markdown and a plot
   vllminfo     what a staged vLLM knows (read from its sources)
-  cli          the sub-commands
+  handoff      the per-request handoff split
+  gates        release gates from the shim's release table
+  configs      the server configurations
+  pair         P, D and the proxy
+  cpuchecks    the CPU checks
+  runs         one equivalence run, one probe, one summary
+  job_*        the jobs
+  cli          the jobs and the helper commands
 """
-
-from .client import http_json, http_text  # noqa: F401
-from .equivalence import (TOP_LOGPROBS, _extract_logprobs, _extract_token_ids, compare_runs,  # noqa: F401
-                          distinct_ids, equiv_run, greedy_request, is_negative_control, kv_pulled, logprob_diff,
-                          outputs_key, render_equivalence, summarize_equivalence, transfers_of)
-from .kvmetrics import (DTYPE_BYTES, KEY_DESC, KEY_MB, KEY_N, KEY_P90, KEY_POST, KEY_TPUT, KEY_XFER,  # noqa: F401
-                        KV_LINE_RE, PROM_KEYS, aggregate_kv, attention_backend, block_bytes, blocks_for_prompt,
-                        blocks_per_transfer, descriptor_limit, descriptors_per_block, kv_run, kv_summary,
-                        load_registration, model_block_bytes, model_family, NotDense, parse_kv_line, parse_prom,
-                        prom_delta, read_kv_lines, registration_bytes_per_block, registration_summary)
-from .prompts import DEFAULT_EQ_LENGTHS, VOCAB_HI, VOCAB_LO, _mix64, prompt_ids, prompt_text  # noqa: F401
-from .results import CELL_KEY, PER_REP, cell_from_runs, cell_key, gpu_slug, merge_results  # noqa: F401
-from .vllminfo import BATCH_INVARIANT_FILES, vllm_has_batch_invariant  # noqa: F401
-from .cli import main  # noqa: F401

@@ -84,3 +84,22 @@ def test_the_report_is_a_room_and_its_old_script_a_door():
     assert froms == ["pdtools.report"], froms
     code = [line for line in src.split('"""')[-1].splitlines() if line.strip() and not line.startswith("#")]
     assert len(code) <= 8, code
+
+
+def test_the_package_exports_nothing_and_its_users_import_from_the_defining_module():
+    """Issue 42 item 2: pdtools/__init__.py re-exports no name (its doors, __main__ and experiments/report.py,
+    import cli and report themselves); scripts and tests import ``from pdtools.<module> import name`` or
+    ``from pdtools import <module>``, never a name through the package."""
+    body = ast.parse(open(os.path.join(PKG, "__init__.py")).read()).body
+    assert [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))] == []
+    modules = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(PKG, "*.py"))}
+    users = [p for p in glob.glob(os.path.join(EXP, "**", "*.py"), recursive=True) if "results" not in p] + \
+        glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)
+    bad = []
+    for path in users:
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.module == "pdtools" and not node.level:
+                bad += ["%s: %s" % (os.path.relpath(path, ROOT), a.name) for a in node.names if a.name not in modules]
+            elif isinstance(node, ast.Import) and any(a.name == "pdtools" for a in node.names):
+                bad.append("%s: import pdtools" % os.path.relpath(path, ROOT))
+    assert bad == []

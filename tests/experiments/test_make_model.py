@@ -11,7 +11,7 @@ import pytest
 EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
 sys.path.insert(0, EXP)
 sys.path.insert(0, os.path.join(EXP, "probes"))   # model_check.py
-import pdtools  # noqa: E402
+from pdtools import kvmetrics, prompts  # noqa: E402
 
 
 def test_tokenizer_roundtrip(tmp_path):
@@ -20,8 +20,8 @@ def test_tokenizer_roundtrip(tmp_path):
                    check=True, capture_output=True)
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     for n, seed in ((5, 0), (4097, 0), (300, 7)):
-        enc = tok.encode(pdtools.prompt_text(n, seed))
-        assert enc.ids == pdtools.prompt_ids(n, seed)  # no BOS, one token per word
+        enc = tok.encode(prompts.prompt_text(n, seed))
+        assert enc.ids == prompts.prompt_ids(n, seed)  # no BOS, one token per word
     assert tok.decode([5, 7, 31999]) == "w5 w7 w31999"
     assert tok.encode("w5 nonsense").ids == [5, 0]
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
@@ -37,7 +37,7 @@ def test_model_config_shape(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"]) == (2, 8, 128)
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["vocab_size"] == 32000
-    assert pdtools.model_block_bytes(str(tmp_path)) == 16 * 2 * 2 * 8 * 128 * 2
+    assert kvmetrics.model_block_bytes(str(tmp_path)) == 16 * 2 * 2 * 8 * 128 * 2
     assert (tmp_path / ".complete").exists()
 
 
@@ -80,7 +80,7 @@ def test_each_arch_writes_the_config_vllm_needs(tmp_path, arch):
     for k, v in ARCH_EXPECT[arch].items():
         assert cfg[k] == v, (k, cfg.get(k))
     assert cfg["vocab_size"] == 32000 and cfg["dtype"] == "bfloat16" and not (tmp_path / ".complete").exists()
-    assert pdtools.model_family(str(tmp_path)) == FAMILY[arch]
+    assert kvmetrics.model_family(str(tmp_path)) == FAMILY[arch]
     # the shape it generated, recorded beside config.json in the package's axes: what the package's classifier
     # says of that config.json, so the lab reading the record loses nothing
     from xlkv_autopatch import families
@@ -88,7 +88,7 @@ def test_each_arch_writes_the_config_vllm_needs(tmp_path, arch):
     record = json.loads((tmp_path / "xlkv-shape.json").read_text())
     assert (record["family"], record["arch"]) == (FAMILY[arch], arch)
     for tp in (1, 4):
-        recorded, classified = pdtools.kvmetrics.model_shape(str(tmp_path), tp), families.classify(cfg, tp=tp)
+        recorded, classified = kvmetrics.model_shape(str(tmp_path), tp), families.classify(cfg, tp=tp)
         assert recorded.source == "xlkv-shape.json"
         assert (recorded.family, recorded.attention, recorded.mamba, recorded.kv_heads_per_rank) == \
             (classified.family, classified.attention, classified.mamba, classified.kv_heads_per_rank)
@@ -192,10 +192,10 @@ def test_the_lab_reads_the_recorded_shape_instead_of_classifying_the_config(tmp_
     import model_shapes
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_key_value_heads": 8}))
-    assert pdtools.model_family(str(tmp_path)) == "dense"
-    assert pdtools.kvmetrics.model_shape(str(tmp_path)).source == "config.json"
+    assert kvmetrics.model_family(str(tmp_path)) == "dense"
+    assert kvmetrics.model_shape(str(tmp_path)).source == "config.json"
     (tmp_path / model_shapes.SHAPE_FILE).write_text(json.dumps({"attention": "sliding-window", "kv_heads": 8}))
-    assert pdtools.model_family(str(tmp_path)) == "sliding-window"
-    assert pdtools.kvmetrics.model_shape(str(tmp_path), tp=8).kv_heads_per_rank == 1  # both facts kept
-    with pytest.raises(pdtools.NotDense, match="sliding-window model"):
-        pdtools.model_block_bytes(str(tmp_path))
+    assert kvmetrics.model_family(str(tmp_path)) == "sliding-window"
+    assert kvmetrics.model_shape(str(tmp_path), tp=8).kv_heads_per_rank == 1  # both facts kept
+    with pytest.raises(kvmetrics.NotDense, match="sliding-window model"):
+        kvmetrics.model_block_bytes(str(tmp_path))

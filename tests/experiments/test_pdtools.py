@@ -10,7 +10,7 @@ import pytest
 
 EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
 sys.path.insert(0, EXP)
-import pdtools  # noqa: E402
+from pdtools import equivalence, kvmetrics, prompts, results, vllminfo  # noqa: E402
 
 # The format string of vLLM 0.21.0 / 0.26.0: metrics.py logs "KV Transfer metrics: %s" with
 # ", ".join(f"{k}={v}" for k, v in NixlKVConnectorStats.reduce().items()).  The prefix is
@@ -33,39 +33,39 @@ QWEN3_BLOCK = 16 * 28 * 2 * 8 * 128 * 2  # 1.75 MiB
 # ------------------------------------------------------------------ prompts -----------------
 def test_prompt_ids_are_pinned():
     # Pinned values: a change here changes every equivalence prompt (old results no longer comparable).
-    assert pdtools.prompt_ids(5) == [7265, 8976, 24069, 19236, 27722]
-    assert pdtools.prompt_ids(3, seed=7) == [8444, 14929, 21243]
-    assert pdtools.prompt_text(3, seed=7) == "w8444 w14929 w21243"
+    assert prompts.prompt_ids(5) == [7265, 8976, 24069, 19236, 27722]
+    assert prompts.prompt_ids(3, seed=7) == [8444, 14929, 21243]
+    assert prompts.prompt_text(3, seed=7) == "w8444 w14929 w21243"
 
 
 def test_prompt_ids_range_length_and_seed():
-    ids = pdtools.prompt_ids(4097)
+    ids = prompts.prompt_ids(4097)
     assert len(ids) == 4097
     assert min(ids) >= 2 and max(ids) <= 31999
     assert len(set(ids)) > 3500  # not degenerate
-    assert pdtools.prompt_ids(100, seed=1) != pdtools.prompt_ids(100, seed=0)
-    assert pdtools.prompt_ids(100)[:10] != pdtools.prompt_ids(101)[:10]  # length is part of the seed
+    assert prompts.prompt_ids(100, seed=1) != prompts.prompt_ids(100, seed=0)
+    assert prompts.prompt_ids(100)[:10] != prompts.prompt_ids(101)[:10]  # length is part of the seed
     with pytest.raises(ValueError):
-        pdtools.prompt_ids(0)
+        prompts.prompt_ids(0)
 
 
 def test_prompt_is_deterministic_in_a_fresh_interpreter():
     code = ("import sys; sys.path.insert(0, %r); from pdtools.prompts import prompt_text; "
             "print(prompt_text(7, seed=3))" % EXP)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == pdtools.prompt_text(7, seed=3) == " ".join("w%d" % i for i in pdtools.prompt_ids(7, seed=3))
+    assert out == prompts.prompt_text(7, seed=3) == " ".join("w%d" % i for i in prompts.prompt_ids(7, seed=3))
 
 
 # ------------------------------------------------------------------ KV metrics lines --------
 def test_parse_kv_line_realistic():
-    rec = pdtools.parse_kv_line(STOCK_LINE)
-    assert rec[pdtools.KEY_N] == 12 and isinstance(rec[pdtools.KEY_N], int)
-    assert rec[pdtools.KEY_DESC] == 35840.0
-    assert rec[pdtools.KEY_MB] == 1120.0
-    assert rec[pdtools.KEY_XFER] == 41.532
-    assert rec[pdtools.KEY_P90] == 77.018
-    assert rec[pdtools.KEY_TPUT] == 26967.158
-    assert pdtools.parse_kv_line("INFO Avg prompt throughput: 10.0 tokens/s") is None
+    rec = kvmetrics.parse_kv_line(STOCK_LINE)
+    assert rec[kvmetrics.KEY_N] == 12 and isinstance(rec[kvmetrics.KEY_N], int)
+    assert rec[kvmetrics.KEY_DESC] == 35840.0
+    assert rec[kvmetrics.KEY_MB] == 1120.0
+    assert rec[kvmetrics.KEY_XFER] == 41.532
+    assert rec[kvmetrics.KEY_P90] == 77.018
+    assert rec[kvmetrics.KEY_TPUT] == 26967.158
+    assert kvmetrics.parse_kv_line("INFO Avg prompt throughput: 10.0 tokens/s") is None
 
 
 def test_parse_kv_line_roundtrips_vllm_reduce_format():
@@ -85,7 +85,7 @@ def test_parse_kv_line_roundtrips_vllm_reduce_format():
         "Avg number of descriptors": round(descs.mean(), 1),
     }
     line = "INFO [metrics.py:103] KV Transfer metrics: %s" % ", ".join(f"{k}={v}" for k, v in stats.items())
-    rec = pdtools.parse_kv_line(line)
+    rec = kvmetrics.parse_kv_line(line)
     assert set(rec) == set(stats)
     for k, v in stats.items():
         assert rec[k] == pytest.approx(float(v)), k
@@ -100,54 +100,54 @@ def test_read_and_aggregate_weighted_by_transfers(tmp_path):
                 "Avg MB per transfer=7.0, Avg number of descriptors=10.0\n")
         f.write("INFO KV Transfer metrics: Num successful transfers=6, Avg xfer time (ms)=2.0, "
                 "Avg MB per transfer=3.5, Avg number of descriptors=2.0\n")
-    assert len(pdtools.read_kv_lines(str(log))) == 4
-    agg = pdtools.aggregate_kv(pdtools.read_kv_lines(str(log), off))
+    assert len(kvmetrics.read_kv_lines(str(log))) == 4
+    agg = kvmetrics.aggregate_kv(kvmetrics.read_kv_lines(str(log), off))
     assert agg["num_transfers"] == 8 and agg["lines"] == 2
     assert agg["avg_descriptors_per_transfer"] == pytest.approx((2 * 10 + 6 * 2) / 8)
     assert agg["avg_mb_per_transfer"] == pytest.approx((2 * 7 + 6 * 3.5) / 8)
     assert agg["avg_xfer_ms"] == pytest.approx((2 * 10 + 6 * 2) / 8)
-    assert pdtools.aggregate_kv(pdtools.read_kv_lines(str(log), log.stat().st_size))["num_transfers"] == 0
+    assert kvmetrics.aggregate_kv(kvmetrics.read_kv_lines(str(log), log.stat().st_size))["num_transfers"] == 0
     # zero-transfer lines are ignored
-    assert pdtools.aggregate_kv([pdtools.parse_kv_line(ZERO_LINE)])["num_transfers"] == 0
+    assert kvmetrics.aggregate_kv([kvmetrics.parse_kv_line(ZERO_LINE)])["num_transfers"] == 0
 
 
 # ------------------------------------------------------------------ descriptors per block ---
 def test_block_bytes_qwen3_shape(tmp_path):
-    assert pdtools.block_bytes(28, 8, 128, 16, 2) == QWEN3_BLOCK == int(1.75 * 2**20)
-    assert pdtools.block_bytes(28, 8, 128, 16, 2, tp=2) == QWEN3_BLOCK // 2
+    assert kvmetrics.block_bytes(28, 8, 128, 16, 2) == QWEN3_BLOCK == int(1.75 * 2**20)
+    assert kvmetrics.block_bytes(28, 8, 128, 16, 2, tp=2) == QWEN3_BLOCK // 2
     (tmp_path / "config.json").write_text(json.dumps({
         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
         "hidden_size": 1024, "torch_dtype": "bfloat16"}))
-    assert pdtools.model_block_bytes(str(tmp_path)) == QWEN3_BLOCK
-    assert pdtools.model_block_bytes(str(tmp_path), block_size=32) == 2 * QWEN3_BLOCK
+    assert kvmetrics.model_block_bytes(str(tmp_path)) == QWEN3_BLOCK
+    assert kvmetrics.model_block_bytes(str(tmp_path), block_size=32) == 2 * QWEN3_BLOCK
 
 
 def test_descriptors_per_block_from_log_lines():
-    stock = pdtools.kv_summary(pdtools.aggregate_kv([pdtools.parse_kv_line(STOCK_LINE)]), QWEN3_BLOCK)
+    stock = kvmetrics.kv_summary(kvmetrics.aggregate_kv([kvmetrics.parse_kv_line(STOCK_LINE)]), QWEN3_BLOCK)
     assert stock["blocks_per_transfer"] == pytest.approx(640)
     assert stock["descriptors_per_block"] == pytest.approx(56)
-    shim = pdtools.kv_summary(pdtools.aggregate_kv([pdtools.parse_kv_line(SHIM_LINE)]), QWEN3_BLOCK)
+    shim = kvmetrics.kv_summary(kvmetrics.aggregate_kv([kvmetrics.parse_kv_line(SHIM_LINE)]), QWEN3_BLOCK)
     assert shim["descriptors_per_block"] == pytest.approx(1.0)
     # rounding of "Avg MB per transfer" to 3 places costs little even for one block
-    assert pdtools.descriptors_per_block(2.0, pdtools.blocks_per_transfer(1.75, QWEN3_BLOCK)) == pytest.approx(2.0)
-    assert pdtools.descriptors_per_block(None, 3) is None
-    assert pdtools.blocks_per_transfer(0, QWEN3_BLOCK) is None
+    assert kvmetrics.descriptors_per_block(2.0, kvmetrics.blocks_per_transfer(1.75, QWEN3_BLOCK)) == pytest.approx(2.0)
+    assert kvmetrics.descriptors_per_block(None, 3) is None
+    assert kvmetrics.blocks_per_transfer(0, QWEN3_BLOCK) is None
 
 
 def test_blocks_for_prompt_and_limits():
-    assert pdtools.blocks_for_prompt(1600) == 100
-    assert pdtools.blocks_for_prompt(1601) == 101
-    assert pdtools.blocks_for_prompt(5) == 1
-    assert pdtools.descriptor_limit("FLASH_ATTN") == 1.0
-    assert pdtools.descriptor_limit("TRITON_ATTN") == 2.0
-    assert pdtools.descriptor_limit(None) == 2.0
+    assert kvmetrics.blocks_for_prompt(1600) == 100
+    assert kvmetrics.blocks_for_prompt(1601) == 101
+    assert kvmetrics.blocks_for_prompt(5) == 1
+    assert kvmetrics.descriptor_limit("FLASH_ATTN") == 1.0
+    assert kvmetrics.descriptor_limit("TRITON_ATTN") == 2.0
+    assert kvmetrics.descriptor_limit(None) == 2.0
     # the release's own rule (xlkv_autopatch.layout.cross_layer_regions): whole rows on 0.29+ for any
     # backend; FLASH_ATTN's cross-layer block is one region on every release (0.23-0.25 too)
-    assert pdtools.descriptor_limit("TRITON_ATTN", vllm_version="0.33.0") == 1.0
-    assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.26.0") == 1.0
-    assert pdtools.descriptor_limit("FLASHINFER", vllm_version="0.26.0") == 2.0
-    assert pdtools.descriptor_limit("FLASH_ATTN", vllm_version="0.24.0") == 1.0
-    assert pdtools.descriptor_limit("TRITON_MLA", vllm_version="0.24.0") == 1.0
+    assert kvmetrics.descriptor_limit("TRITON_ATTN", vllm_version="0.33.0") == 1.0
+    assert kvmetrics.descriptor_limit("FLASH_ATTN", vllm_version="0.26.0") == 1.0
+    assert kvmetrics.descriptor_limit("FLASHINFER", vllm_version="0.26.0") == 2.0
+    assert kvmetrics.descriptor_limit("FLASH_ATTN", vllm_version="0.24.0") == 1.0
+    assert kvmetrics.descriptor_limit("TRITON_MLA", vllm_version="0.24.0") == 1.0
 
 
 PROM_TEXT = """# HELP vllm:nixl_num_descriptors Histogram of number of descriptors per NIXL  KV Cache transfers.
@@ -166,32 +166,32 @@ vllm:num_requests_running{engine="0",model_name="/tmp/m"} 0.0
 
 
 def test_prom_parse_and_delta():
-    after = pdtools.parse_prom(PROM_TEXT)
+    after = kvmetrics.parse_prom(PROM_TEXT)
     assert after["transfers"] == 2 and after["descriptors_sum"] == 11200
-    assert pdtools.parse_prom("# nothing\nvllm:num_requests_running 0\n") is None
+    assert kvmetrics.parse_prom("# nothing\nvllm:num_requests_running 0\n") is None
     before = {k: 0.0 for k in after}
-    d = pdtools.kv_summary(pdtools.prom_delta(before, after), QWEN3_BLOCK)
+    d = kvmetrics.kv_summary(kvmetrics.prom_delta(before, after), QWEN3_BLOCK)
     assert d["num_transfers"] == 2
     assert d["avg_descriptors_per_transfer"] == 5600
     assert d["blocks_per_transfer"] == pytest.approx(100)
     assert d["descriptors_per_block"] == pytest.approx(56)
-    assert pdtools.prom_delta(None, after) is None
+    assert kvmetrics.prom_delta(None, after) is None
 
 
 def test_kv_run_prefers_prometheus_and_falls_back_to_log(tmp_path):
     log = tmp_path / "d.log"
     log.write_text("Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].\n" + SHIM_LINE + "\n")
-    after = pdtools.parse_prom(PROM_TEXT)
+    after = kvmetrics.parse_prom(PROM_TEXT)
     before = {k: 0.0 for k in after}
-    kv = pdtools.kv_run(str(log), 0, before, after, QWEN3_BLOCK, "FLASH_ATTN")
+    kv = kvmetrics.kv_run(str(log), 0, before, after, QWEN3_BLOCK, "FLASH_ATTN")
     assert kv["source"] == "prom" and kv["descriptors_per_block"] == pytest.approx(56)
     assert kv["log"]["descriptors_per_block"] == pytest.approx(1.0)
-    kv = pdtools.kv_run(str(log), 0, None, None, QWEN3_BLOCK)
+    kv = kvmetrics.kv_run(str(log), 0, None, None, QWEN3_BLOCK)
     assert kv["source"] == "log" and kv["descriptors_per_block"] == pytest.approx(1.0)
-    assert pdtools.attention_backend(str(log)) == "FLASH_ATTN"
+    assert kvmetrics.attention_backend(str(log)) == "FLASH_ATTN"
     log2 = tmp_path / "e.log"
     log2.write_text("INFO [cuda.py:312] Using AttentionBackendEnum.TRITON_ATTN backend.\n")
-    assert pdtools.attention_backend(str(log2)) == "TRITON_ATTN"
+    assert kvmetrics.attention_backend(str(log2)) == "TRITON_ATTN"
 
 
 # ------------------------------------------------------------------ cells and merge ---------
@@ -207,7 +207,7 @@ def _kv(desc_per_block):
 
 def _doc(config, ttfts, prefix, L=10240, eq=True, dpb=1):
     runs = [_bench(t, "%s-%d" % (prefix, i)) for i, t in enumerate(ttfts)]
-    cell = pdtools.cell_from_runs(config, L, 16, 64, runs, [_kv(dpb)] * len(runs), ["cmd " + prefix], QWEN3_BLOCK)
+    cell = results.cell_from_runs(config, L, 16, 64, runs, [_kv(dpb)] * len(runs), ["cmd " + prefix], QWEN3_BLOCK)
     return {"vllm_version": "0.21.0", "gpu": "2xH200", "equivalence_pass": eq, "cells": [cell],
             "commands": ["cmd " + prefix]}
 
@@ -226,13 +226,13 @@ def test_merge_adds_repetitions_idempotently_and_keeps_other_cells():
     a = _doc("stock", [5000.0, 5100.0], "a", dpb=56)
     b = _doc("stock", [4900.0], "b", dpb=56)
     c = _doc("shim", [2000.0], "c")
-    m = pdtools.merge_results([a, b, c])
+    m = results.merge_results([a, b, c])
     assert len(m["cells"]) == 2
     stock = [x for x in m["cells"] if x["config"] == "stock"][0]
     assert stock["mean_ttft_ms"] == [5000.0, 5100.0, 4900.0]
     assert stock["reps"] == 3 and stock["kv_xfer"]["num_transfers"] == [64, 64, 64]
     assert stock["descriptors_per_block"] == pytest.approx(56)
-    again = pdtools.merge_results([m, a, b, c])  # nothing new
+    again = results.merge_results([m, a, b, c])  # nothing new
     assert [x["mean_ttft_ms"] for x in again["cells"]] == [x["mean_ttft_ms"] for x in m["cells"]]
     assert set(m["commands"]) == {"cmd a", "cmd b", "cmd c"}
     # inputs are not modified
@@ -242,14 +242,14 @@ def test_merge_adds_repetitions_idempotently_and_keeps_other_cells():
 def test_merge_equivalence_flags_and_mismatched_machines():
     ok = _doc("stock", [1.0], "a", eq=True)
     bad = _doc("shim", [1.0], "b", eq=False)
-    assert pdtools.merge_results([ok, bad])["equivalence_pass"] is False
+    assert results.merge_results([ok, bad])["equivalence_pass"] is False
     eq_summary = {"equivalence_pass": True, "descriptor_pass": False, "vllm_version": "0.21.0", "gpu": "2xH200"}
-    m = pdtools.merge_results([ok, eq_summary])
+    m = results.merge_results([ok, eq_summary])
     assert m["equivalence_pass"] is True and m["descriptor_pass"] is False
-    assert pdtools.merge_results([_doc("stock", [1.0], "n", eq=None)])["equivalence_pass"] is None  # key always there
+    assert results.merge_results([_doc("stock", [1.0], "n", eq=None)])["equivalence_pass"] is None  # key always there
     other = _doc("stock", [1.0], "z")
     other["vllm_version"] = "0.26.0"
-    assert any("0.26.0" in w for w in pdtools.merge_results([ok, other])["warnings"])
+    assert any("0.26.0" in w for w in results.merge_results([ok, other])["warnings"])
 
 
 def test_merge_cli_and_bench_cells_into_one_file(tmp_path):
@@ -308,9 +308,9 @@ def test_bench_cell_ignores_equivalence_of_another_release(tmp_path, capsys):
 
 
 def test_gpu_slug():
-    assert pdtools.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "2xH200"
-    assert pdtools.gpu_slug(["NVIDIA H100 80GB HBM3"]) == "1xH100-80GB-HBM3"
-    assert pdtools.gpu_slug([]) == "cpu"
+    assert results.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "2xH200"
+    assert results.gpu_slug(["NVIDIA H100 80GB HBM3"]) == "1xH100-80GB-HBM3"
+    assert results.gpu_slug([]) == "cpu"
 
 
 # ------------------------------------------------------------------ equivalence summary -----
@@ -343,46 +343,46 @@ def test_equivalence_summary_pass_and_failures():
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
     probes = {"stock": {"kv": {"descriptors_per_block": 56.0}, "backend": "FLASH_ATTN"},
               "shim": {"kv": {"descriptors_per_block": 1.0}, "backend": "FLASH_ATTN"}}
-    s = pdtools.summarize_equivalence(runs, probes, lens)
+    s = equivalence.summarize_equivalence(runs, probes, lens)
     assert s["pass"] and s["equivalence_pass"] and s["descriptor_pass"]
     assert s["baseline"] == "local:stock"
-    text = pdtools.render_equivalence(s)
+    text = equivalence.render_equivalence(s)
     assert "IDENTICAL" in text and "PASS" in text and "pd:shim" in text
 
     runs["pd:shim"] = _run(lens, shift=1)
-    s = pdtools.summarize_equivalence(runs, probes, lens)
+    s = equivalence.summarize_equivalence(runs, probes, lens)
     assert not s["equivalence_pass"] and not s["pass"]
     assert any("pd:shim" in m and "len 5" in m for m in s["mismatches"])
-    assert "DIFFERENT" in pdtools.render_equivalence(s)
+    assert "DIFFERENT" in equivalence.render_equivalence(s)
 
     runs["pd:shim"] = _run(lens)
     probes["shim"]["kv"]["descriptors_per_block"] = 2.0  # allowed on TRITON_ATTN, not on FLASH_ATTN
-    s = pdtools.summarize_equivalence(runs, probes, lens)
+    s = equivalence.summarize_equivalence(runs, probes, lens)
     assert s["equivalence_pass"] and s["descriptor_pass"] is False and not s["pass"]
     # per block per remote rank: a decode rank reading from two prefill ranks (P TP 2 -> D TP 1) may move 2
-    s = pdtools.summarize_equivalence(runs, probes, lens, source_ranks=2)
+    s = equivalence.summarize_equivalence(runs, probes, lens, source_ranks=2)
     assert s["descriptor_pass"] and s["configs"]["shim"]["limit"] == 2.0
     probes["shim"]["kv"]["descriptors_per_block"] = 2.5
-    assert pdtools.summarize_equivalence(runs, probes, lens, source_ranks=2)["descriptor_pass"] is False
+    assert equivalence.summarize_equivalence(runs, probes, lens, source_ranks=2)["descriptor_pass"] is False
     probes["shim"]["kv"]["descriptors_per_block"] = 2.0
     probes["shim"]["backend"] = "TRITON_ATTN"
-    assert pdtools.summarize_equivalence(runs, probes, lens)["pass"]
+    assert equivalence.summarize_equivalence(runs, probes, lens)["pass"]
     probes["shim"]["kv"] = {}  # no transfer seen at all: fail, not pass
-    assert pdtools.summarize_equivalence(runs, probes, lens)["descriptor_pass"] is False
+    assert equivalence.summarize_equivalence(runs, probes, lens)["descriptor_pass"] is False
 
 
 def test_compare_runs_reports_position():
     a = _run([10])
     b = [dict(a[0], token_ids=[10, 2, 4])]
-    assert pdtools.compare_runs(a, b) == ["len 10: first difference at output position 2"]
-    assert pdtools.compare_runs(a, a) == []
+    assert equivalence.compare_runs(a, b) == ["len 10: first difference at output position 2"]
+    assert equivalence.compare_runs(a, a) == []
 
 
 def test_extract_token_ids_fallbacks():
-    assert pdtools._extract_token_ids({"token_ids": [5, 6]}) == ([5, 6], "return_token_ids")
+    assert equivalence._extract_token_ids({"token_ids": [5, 6]}) == ([5, 6], "return_token_ids")
     lp = {"logprobs": {"tokens": ["token_id:7", "token_id:8"]}}
-    assert pdtools._extract_token_ids(lp) == ([7, 8], "logprobs_token_ids")
-    assert pdtools._extract_token_ids({"text": "x"}) == (None, None)
+    assert equivalence._extract_token_ids(lp) == ([7, 8], "logprobs_token_ids")
+    assert equivalence._extract_token_ids({"text": "x"}) == (None, None)
 
 
 def test_equivalence_summary_pd_vs_pd_stock():
@@ -393,29 +393,29 @@ def test_equivalence_summary_pd_vs_pd_stock():
           {"prompt_len": 2049, "method": "return_token_ids", "token_ids": [2049, 9, 9], "text": None}]
     runs = {"local:stock": _run(lens), "pd:stock": pd, "local:shim": _run(lens), "pd:shim": list(pd),
             "pd:native": _run(lens)}
-    s = pdtools.summarize_equivalence(runs, {}, lens)
+    s = equivalence.summarize_equivalence(runs, {}, lens)
     assert not s["equivalence_pass"]
     assert s["pd_baseline"] == "pd:stock"
     assert s["pd_vs_pd_stock"]["pd:shim"] == []
     assert s["pd_vs_pd_stock"]["pd:native"] == ["len 2049: first difference at output position 1"]
     assert s["token_ids"]["pd:shim"]["2049"] == [2049, 9, 9]
-    text = pdtools.render_equivalence(s)
+    text = equivalence.render_equivalence(s)
     assert "pd:shim vs pd:stock: IDENTICAL" in text
 
 
 def test_vllm_has_batch_invariant_reads_the_sources(tmp_path):
     pkg = tmp_path / "vllm"
     (pkg / "model_executor" / "layers").mkdir(parents=True)
-    assert not pdtools.vllm_has_batch_invariant(str(pkg))           # 0.11-like: neither file knows it
+    assert not vllminfo.vllm_has_batch_invariant(str(pkg))           # 0.11-like: neither file knows it
     (pkg / "envs.py").write_text('environment_variables = {"VLLM_HOST_IP": None}\n')
-    assert not pdtools.vllm_has_batch_invariant(str(pkg))
+    assert not vllminfo.vllm_has_batch_invariant(str(pkg))
     (pkg / "model_executor" / "layers" / "batch_invariant.py").write_text(
         'val = os.getenv("VLLM_BATCH_INVARIANT", "0")\n')              # 0.12-0.17 read it there
-    assert pdtools.vllm_has_batch_invariant(str(pkg))
+    assert vllminfo.vllm_has_batch_invariant(str(pkg))
     os.remove(pkg / "model_executor" / "layers" / "batch_invariant.py")
     (pkg / "envs.py").write_text('environment_variables = {"VLLM_BATCH_INVARIANT": None}\n')  # later releases
-    assert pdtools.vllm_has_batch_invariant(str(pkg))
-    assert not pdtools.vllm_has_batch_invariant(str(tmp_path / "nowhere"))
+    assert vllminfo.vllm_has_batch_invariant(str(pkg))
+    assert not vllminfo.vllm_has_batch_invariant(str(tmp_path / "nowhere"))
 
 
 # ------------------------------------------------------------------ logprobs, transfers, controls
@@ -423,17 +423,17 @@ def test_extract_logprobs_from_the_completions_format():
     choice = {"logprobs": {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-0.5, -0.25],
                            "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -0.75, "token_id:4": -2.0},
                                             {"token_id:9": -0.25}]}}
-    chosen, top = pdtools._extract_logprobs(choice)
+    chosen, top = equivalence._extract_logprobs(choice)
     assert chosen == [-0.5, -0.25]
     assert top == [[[7, -0.5], [3, -0.75], [4, -2.0]], [[9, -0.25]]]  # best first, ids as ints
-    assert pdtools._extract_logprobs({"text": "x"}) == (None, None)
+    assert equivalence._extract_logprobs({"text": "x"}) == (None, None)
 
 
 def test_logprob_diff_compares_only_the_same_context():
     a = _run([5, 17])
-    assert pdtools.logprob_diff(a, a) == {"max": 0.0, "positions": 6, "at": None}
+    assert equivalence.logprob_diff(a, a) == {"max": 0.0, "positions": 6, "at": None}
     b = _run([5, 17], lp_shift=0.125)
-    d = pdtools.logprob_diff(a, b)
+    d = equivalence.logprob_diff(a, b)
     assert d["max"] == pytest.approx(0.125) and d["positions"] == 6
     # ids diverge at position 1 of the 17-token prompt: position 1's top values are compared
     # (same context), the chosen logprob there and everything after are not
@@ -442,11 +442,11 @@ def test_logprob_diff_compares_only_the_same_context():
     c[1]["logprobs"] = [-0.25, -7.0, -9.0]
     c[1]["top_logprobs"][2] = [[98, -9.0], [1, -9.5]]
     c[1]["top_logprobs"][1] = [[99, -0.25 + 0.5], [100, -1.5]]
-    d = pdtools.logprob_diff(a, c)
+    d = equivalence.logprob_diff(a, c)
     assert d["max"] == pytest.approx(0.5) and d["at"] == [17, 1] and d["positions"] == 5
-    assert pdtools.logprob_diff(a, _run([5, 17], logprobs=False))["max"] is None
+    assert equivalence.logprob_diff(a, _run([5, 17], logprobs=False))["max"] is None
     # matched by prompt length: a run over a subset of the prompts compares those only
-    assert pdtools.logprob_diff(a, _run([17], lp_shift=0.25))["max"] == pytest.approx(0.25)
+    assert equivalence.logprob_diff(a, _run([17], lp_shift=0.25))["max"] == pytest.approx(0.25)
 
 
 def _probes():
@@ -457,15 +457,15 @@ def _probes():
 def test_logprobs_must_be_identical_under_deterministic_kernels():
     lens = [5, 100]
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert s["pass"] and s["logprob_pass"] is True
     assert s["configs"]["shim"]["max_logprob_diff"] == 0.0 and s["configs"]["stock"]["max_logprob_diff"] == 0.0
     runs["pd:shim"] = _run(lens, lp_shift=2 ** -10)  # same ids, one ulp-ish of difference
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert not s["pass"] and s["logprob_pass"] is False and not s["equivalence_pass"]
     assert s["configs"]["shim"]["max_logprob_diff"] == pytest.approx(2 ** -10)
     assert any(p.startswith("pd:shim vs local:shim") for p in s["logprob_problems"])
-    assert "LOGPROBS pd:shim" in pdtools.render_equivalence(s)
+    assert "LOGPROBS pd:shim" in equivalence.render_equivalence(s)
 
 
 def test_a_configs_own_logprob_difference_is_recorded_not_blamed_on_the_transfer():
@@ -476,14 +476,14 @@ def test_a_configs_own_logprob_difference_is_recorded_not_blamed_on_the_transfer
     ulp = 2 ** -20
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens),
             "local:shim": _run(lens, lp_shift=ulp), "pd:shim": _run(lens, lp_shift=ulp)}
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert s["pass"] and s["logprob_pass"] is True, s["logprob_problems"]
     shim = s["configs"]["shim"]
     assert shim["max_logprob_diff_pd_vs_local"] == 0.0
     assert shim["max_logprob_diff_local"] == pytest.approx(ulp) and shim["max_logprob_diff"] == pytest.approx(ulp)
-    assert "logprobs pd:shim vs local:shim: max |d| 0" in pdtools.render_equivalence(s)
+    assert "logprobs pd:shim vs local:shim: max |d| 0" in equivalence.render_equivalence(s)
     runs["pd:shim"] = _run(lens, lp_shift=2 * ulp)  # the transfer adds a difference of its own
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert s["logprob_pass"] is False and s["configs"]["shim"]["max_logprob_diff_pd_vs_local"] == pytest.approx(ulp)
 
 
@@ -491,31 +491,31 @@ def test_default_kernels_shim_may_not_be_worse_than_stock():
     lens = [5, 100]
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens, lp_shift=0.0625),
             "local:shim": _run(lens), "pd:shim": _run(lens, lp_shift=0.0625)}
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
     assert s["pass"] and s["logprob_pass"] is True
     assert s["configs"]["stock"]["max_logprob_diff"] == s["configs"]["shim"]["max_logprob_diff"] == 0.0625
     runs["pd:shim"] = _run(lens, lp_shift=0.125)
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
     assert not s["pass"] and s["logprob_pass"] is False
     assert "pd:shim: max |logprob difference| 0.125 > pd:stock's 0.0625" in s["logprob_problems"][0]
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False, logprob_tol=0.1)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=False, logprob_tol=0.1)
     assert s["pass"]
 
 
 def test_every_pd_answer_must_have_moved_kv():
     lens = [5, 100]
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens)}
-    s = pdtools.summarize_equivalence(runs, {}, lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, {}, lens, batch_invariant=True)
     assert s["pass"] and s["transfers_pass"]
     assert s["configs"]["stock"]["kv_blocks_per_prompt"] == {"5": 1.0, "100": 1.0}
     assert s["transfers"]["pd:stock"]["100"]["transfers"] == 1
     runs["pd:stock"][1]["kv"] = {"transfers": 0, "bytes": 0, "blocks": 0.0, "descriptors": 0, "failed": 0}
-    s = pdtools.summarize_equivalence(runs, {}, lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, {}, lens, batch_invariant=True)
     assert not s["pass"] and not s["transfers_pass"]
     assert s["transfer_problems"] == ["pd:stock len 100: D pulled no KV (transfers 0, bytes 0)"]
-    assert "NO TRANSFER pd:stock len 100" in pdtools.render_equivalence(s)
+    assert "NO TRANSFER pd:stock len 100" in equivalence.render_equivalence(s)
     runs["pd:stock"][1]["kv"] = None  # counters not readable: not a pass either
-    s = pdtools.summarize_equivalence(runs, {}, lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, {}, lens, batch_invariant=True)
     assert not s["pass"] and "not readable" in s["transfer_problems"][0]
 
 
@@ -523,7 +523,7 @@ def test_negative_controls_must_be_detected_and_do_not_count_as_mismatches():
     lens = [5, 100]
     base = {"local:stock": _run(lens), "pd:stock": _run(lens), "local:shim": _run(lens), "pd:shim": _run(lens)}
     runs = dict(base, **{"pd:nc-stock": _run(lens, shift=3), "pd:nc-shim": _run([100], lp_shift=2 ** -8)})
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, corruption="shift: ...")
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, corruption="shift: ...")
     assert s["pass"] and s["equivalence_pass"] and s["negative_control_pass"] is True
     assert s["mismatches"] == []  # the controls' differences are expected, not failures
     nc = {n["config"]: n for n in s["negative_control"]}
@@ -531,20 +531,20 @@ def test_negative_controls_must_be_detected_and_do_not_count_as_mismatches():
     assert nc["nc-shim"]["detected"] and not nc["nc-shim"]["ids_differ"]  # logprobs alone caught it
     assert nc["nc-shim"]["max_logprob_diff"] == pytest.approx(2 ** -8)
     assert nc["nc-stock"]["corruption"] == "shift: ..."
-    assert "FAIL as planted: detected" in pdtools.render_equivalence(s)
+    assert "FAIL as planted: detected" in equivalence.render_equivalence(s)
     # a control the check cannot tell apart makes the whole run fail
     runs["pd:nc-shim"] = _run([100])
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     assert not s["pass"] and s["negative_control_pass"] is False
-    assert "NOT DETECTED" in pdtools.render_equivalence(s)
+    assert "NOT DETECTED" in equivalence.render_equivalence(s)
     # a control over prompts the baseline lacks proves nothing (not "detected" by a count mismatch)
     runs["pd:nc-shim"] = _run([77], shift=3)
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)
     nc = {n["config"]: n for n in s["negative_control"]}
     assert nc["nc-shim"]["comparable"] is False and nc["nc-shim"]["detected"] is False and not s["pass"]
     # default kernels: detected only beyond what the same config shows without the corruption
     runs = dict(base, **{"pd:stock": _run(lens, lp_shift=0.25), "pd:nc-stock": _run(lens, lp_shift=0.125)})
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=False)
     assert s["negative_control"][0]["detected"] is False and not s["pass"]
 
 
@@ -552,7 +552,7 @@ def test_distinct_ids_of_the_baseline():
     lens = [5, 100]
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens)}
     runs["local:stock"][0]["token_ids"] = [7, 7, 7]
-    s = pdtools.summarize_equivalence(runs, {}, lens)
+    s = equivalence.summarize_equivalence(runs, {}, lens)
     assert s["distinct_ids"] == {"5": 1, "100": 3}
 
 
@@ -586,17 +586,17 @@ def test_kv_pulled_reads_d_metrics_before_and_after(tmp_path):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = "http://127.0.0.1:%d/metrics" % srv.server_port
     try:
-        before = pdtools.equivalence._prom_snapshot(url)
+        before = equivalence._prom_snapshot(url)
         assert before["transfers"] == 0.0
         pages["text"] = PROM_TEXT
-        d = pdtools.kv_pulled(url, before, QWEN3_BLOCK, wait_s=2)
+        d = equivalence.kv_pulled(url, before, QWEN3_BLOCK, wait_s=2)
         assert d["transfers"] == 2 and d["blocks"] == pytest.approx(200) and d["descriptors"] == 11200
         # nothing moved: the delta says so after the wait (no exception, no guess)
-        d = pdtools.kv_pulled(url, pdtools.equivalence._prom_snapshot(url), QWEN3_BLOCK, wait_s=0.5, poll_s=0.1)
+        d = equivalence.kv_pulled(url, equivalence._prom_snapshot(url), QWEN3_BLOCK, wait_s=0.5, poll_s=0.1)
         assert d["transfers"] == 0 and d["bytes"] == 0
     finally:
         srv.shutdown()
-    assert pdtools.kv_pulled("http://127.0.0.1:9/metrics", None, QWEN3_BLOCK, wait_s=0.1) is None
+    assert equivalence.kv_pulled("http://127.0.0.1:9/metrics", None, QWEN3_BLOCK, wait_s=0.1) is None
 
 
 REQUEST_PROM = PROM_TEXT + """vllm:time_to_first_token_seconds_sum{engine="0",model_name="/tmp/m"} 2.4
@@ -611,21 +611,21 @@ vllm:request_prefill_time_seconds_count{engine="0",model_name="/tmp/m"} 8.0
 def test_handoff_split_from_the_proxy_d_request_metrics_and_nixl():
     """each P/D cell splits D's part of TTFT with D's own request histograms (deltas per rep)
     and NIXL's transfer time; the parts after P's answer add up to the proxy's D time"""
-    after = pdtools.parse_prom(REQUEST_PROM)
+    after = kvmetrics.parse_prom(REQUEST_PROM)
     before = dict.fromkeys(after, 0.0)
-    kv = pdtools.kv_run(None, 0, before, after, QWEN3_BLOCK)
+    kv = kvmetrics.kv_run(None, 0, before, after, QWEN3_BLOCK)
     assert (kv["d_ttft_ms"], kv["d_queue_ms"], kv["d_prefill_ms"]) == pytest.approx((300, 50, 200))
     assert kv["avg_xfer_ms"] == pytest.approx(2.0)          # 0.004 s over 2 transfers
     # the request histograms alone are no KV source (no NIXL counters on the page)
-    assert pdtools.parse_prom("vllm:request_queue_time_seconds_sum 1.0\n") is None
+    assert kvmetrics.parse_prom("vllm:request_queue_time_seconds_sum 1.0\n") is None
     proxy = {"prefill_ms_mean": 400.0, "decode_first_ms_mean": 320.0}
-    cell = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [kv], [], QWEN3_BLOCK, [proxy])
+    cell = results.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [kv], [], QWEN3_BLOCK, [proxy])
     split = cell["handoff_split_ms"]
     assert split == pytest.approx({"p_answer": 400, "d_frontend": 20, "d_ingress": 50, "d_queue": 50,
                                    "kv_read": 2, "d_notice_first_token": 198})
     assert sum(v for k, v in split.items() if k != "p_answer") == pytest.approx(320)
     # P alone (no proxy, no D): no split
-    assert pdtools.cell_from_runs("prefill_only", 10240, 1, 8, [_bench(380.0, "r2")], [None], [],
+    assert results.cell_from_runs("prefill_only", 10240, 1, 8, [_bench(380.0, "r2")], [None], [],
                                   QWEN3_BLOCK)["handoff_split_ms"] is None
 
 
@@ -634,28 +634,28 @@ def test_handoff_split_without_nixl_time_keeps_the_read_inside_one_named_part():
     token stay one part, named so, and the parts after P's answer still add up to the proxy's D time"""
     cell = {"avg_proxy_prefill_ms": 400.0, "avg_proxy_decode_first_ms": 320.0, "avg_d_ttft_ms": 300.0,
             "avg_d_queue_ms": 50.0, "avg_d_prefill_ms": 200.0, "avg_xfer_ms": None}
-    split = pdtools.results.handoff_split(cell)
+    split = results.handoff_split(cell)
     assert split == {"p_answer": 400, "d_frontend": 20, "d_ingress": 50, "d_queue": 50,
                      "d_read_notice_first_token": 200}
     assert sum(v for k, v in split.items() if k != "p_answer") == pytest.approx(320)
     # the same cell through cell_from_runs: D's request metrics on the page, no NIXL counters
     kv = {"d_ttft_ms": 300.0, "d_queue_ms": 50.0, "d_prefill_ms": 200.0}
     proxy = {"prefill_ms_mean": 400.0, "decode_first_ms_mean": 320.0}
-    c = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [kv], [], QWEN3_BLOCK, [proxy])
+    c = results.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [kv], [], QWEN3_BLOCK, [proxy])
     assert c["avg_xfer_ms"] is None and c["handoff_split_ms"] == split
     # any one of D's request metrics missing: no split at all (never a part guessed from the others)
     for k in ("avg_proxy_prefill_ms", "avg_proxy_decode_first_ms", "avg_d_ttft_ms", "avg_d_queue_ms",
               "avg_d_prefill_ms"):
-        assert pdtools.results.handoff_split(dict(cell, **{k: None})) is None, k
+        assert results.handoff_split(dict(cell, **{k: None})) is None, k
 
 
 def test_merge_keeps_per_rep_lists_aligned_when_an_older_file_lacks_a_key():
-    old = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [None], [], QWEN3_BLOCK)
+    old = results.cell_from_runs("shim", 10240, 16, 8, [_bench(700.0, "r1")], [None], [], QWEN3_BLOCK)
     for k in ("d_ttft_ms", "d_queue_ms", "d_prefill_ms"):
         del old[k]                          # a cell written before D's request metrics were kept
-    new = pdtools.cell_from_runs("shim", 10240, 16, 8, [_bench(650.0, "r2")], [{"d_queue_ms": 40.0}], [],
+    new = results.cell_from_runs("shim", 10240, 16, 8, [_bench(650.0, "r2")], [{"d_queue_ms": 40.0}], [],
                                  QWEN3_BLOCK)
-    doc = pdtools.merge_results([{"cells": [old]}, {"cells": [new]}])
+    doc = results.merge_results([{"cells": [old]}, {"cells": [new]}])
     c = doc["cells"][0]
     assert c["run_ids"] == ["r1", "r2"] and c["d_queue_ms"] == [None, 40.0] and c["avg_d_queue_ms"] == 40.0
 
@@ -683,42 +683,42 @@ def _mla_config(tmp_path):
 
 def test_model_family_and_the_dense_formula_only_for_dense_models(tmp_path):
     # the package's classifier and names (xlkv_autopatch.families), not a rule of the lab's own
-    assert pdtools.model_family({"model_type": "qwen3", "layer_types": ["full_attention"] * 2,
+    assert kvmetrics.model_family({"model_type": "qwen3", "layer_types": ["full_attention"] * 2,
                                  "sliding_window": None, "num_key_value_heads": 8}) == "dense"
-    assert pdtools.model_family({"model_type": "qwen3", "num_key_value_heads": 8}, tp=8) == "one-kv-head"
-    assert pdtools.model_family({"model_type": "deepseek_v2", "kv_lora_rank": 512}) == "mla"
-    assert pdtools.model_family({"model_type": "gemma3_text", "sliding_window": 256,
+    assert kvmetrics.model_family({"model_type": "qwen3", "num_key_value_heads": 8}, tp=8) == "one-kv-head"
+    assert kvmetrics.model_family({"model_type": "deepseek_v2", "kv_lora_rank": 512}) == "mla"
+    assert kvmetrics.model_family({"model_type": "gemma3_text", "sliding_window": 256,
                                  "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}) == "sliding-window"
-    assert pdtools.model_family({"model_type": "gemma3", "text_config": {"sliding_window": 512}}) == "sliding-window"
+    assert kvmetrics.model_family({"model_type": "gemma3", "text_config": {"sliding_window": 512}}) == "sliding-window"
     # every layer sliding is one KV cache group, not a hybrid; Mamba layers are no dense model
-    assert pdtools.model_family({"model_type": "mistral", "sliding_window": 4096,
+    assert kvmetrics.model_family({"model_type": "mistral", "sliding_window": 4096,
                                  "layer_types": ["sliding_attention"] * 4, "num_key_value_heads": 8}) == "dense"
-    assert pdtools.model_family({"model_type": "qwen3_next", "num_key_value_heads": 2}) == "mamba-hybrid"
+    assert kvmetrics.model_family({"model_type": "qwen3_next", "num_key_value_heads": 2}) == "mamba-hybrid"
     # the dense K/V formula would count an MLA block as 16 * 8 * 2 * 16 * 128 * 2 = 1 MiB (7x too much):
     # it refuses (the lab then says 0, unknown, instead of a wrong number)
-    with pytest.raises(pdtools.NotDense, match="mla model"):
-        pdtools.model_block_bytes(_mla_config(tmp_path))
+    with pytest.raises(kvmetrics.NotDense, match="mla model"):
+        kvmetrics.model_block_bytes(_mla_config(tmp_path))
     r = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "model-family", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.stdout.strip() == "mla"
 
 
 def test_bytes_per_block_id_from_the_registration_report(tmp_path):
-    assert pdtools.registration_bytes_per_block(MLA_STOCK_REG) == (8 * MLA_PAGE, None)
-    assert pdtools.registration_bytes_per_block(GEMMA_STOCK_REG) == (2 * GEMMA_PAGE, None)
-    bpb, note = pdtools.registration_bytes_per_block(dict(GEMMA_STOCK_REG, bytes_per_block_id=[100, 200]))
+    assert kvmetrics.registration_bytes_per_block(MLA_STOCK_REG) == (8 * MLA_PAGE, None)
+    assert kvmetrics.registration_bytes_per_block(GEMMA_STOCK_REG) == (2 * GEMMA_PAGE, None)
+    bpb, note = kvmetrics.registration_bytes_per_block(dict(GEMMA_STOCK_REG, bytes_per_block_id=[100, 200]))
     assert bpb is None and "different bytes per block id" in note
-    assert pdtools.registration_bytes_per_block(None)[0] is None
-    assert pdtools.registration_bytes_per_block({"error": "no block_len_per_layer"})[1].endswith("no block_len_per_layer")
+    assert kvmetrics.registration_bytes_per_block(None)[0] is None
+    assert kvmetrics.registration_bytes_per_block({"error": "no block_len_per_layer"})[1].endswith("no block_len_per_layer")
     p = tmp_path / "reg.json"
     p.write_text(json.dumps(MLA_STOCK_REG))
-    assert pdtools.registration_bytes_per_block(pdtools.load_registration(str(p)))[0] == 8 * MLA_PAGE
-    assert pdtools.descriptor_limit("FLASH_ATTN_MLA") == 1.0 and pdtools.descriptor_limit("TRITON_MLA") == 1.0
-    assert pdtools.descriptor_limit(None, mla=True) == 1.0 and pdtools.descriptor_limit("TRITON_ATTN") == 2.0
+    assert kvmetrics.registration_bytes_per_block(kvmetrics.load_registration(str(p)))[0] == 8 * MLA_PAGE
+    assert kvmetrics.descriptor_limit("FLASH_ATTN_MLA") == 1.0 and kvmetrics.descriptor_limit("TRITON_MLA") == 1.0
+    assert kvmetrics.descriptor_limit(None, mla=True) == 1.0 and kvmetrics.descriptor_limit("TRITON_ATTN") == 2.0
 
 
 def _prom(descs, nbytes, n=1):
-    keys = set(pdtools.PROM_KEYS.values())
+    keys = set(kvmetrics.PROM_KEYS.values())
     before = {k: 0.0 for k in keys}
     after = dict(before, descriptors_sum=float(descs), transfers=float(n), bytes_sum=float(nbytes),
                  xfer_seconds_sum=0.001)
@@ -729,16 +729,16 @@ def test_kv_run_mla_blocks_and_descriptors_from_what_d_registered():
     """100 MLA blocks, stock (8 regions): 800 descriptors.  With D's report: 100 blocks, 8 per block.
     The dense formula for the same model would have said 100 * 147456 / 1 MiB = 14 blocks, 57 per block."""
     before, after = _prom(800, 100 * 8 * MLA_PAGE)
-    kv = pdtools.kv_run(None, 0, before, after, 0, "FLASH_ATTN_MLA", registration=MLA_STOCK_REG)
+    kv = kvmetrics.kv_run(None, 0, before, after, 0, "FLASH_ATTN_MLA", registration=MLA_STOCK_REG)
     assert kv["blocks_per_transfer"] == pytest.approx(100) and kv["descriptors_per_block"] == pytest.approx(8)
     assert kv["bytes_per_block_source"] == "registration" and kv["registered_regions_per_block_id"] == [8]
     assert kv["registration"]["use_mla"] is True
     dense = 16 * 8 * 2 * 16 * 128 * 2
-    kv = pdtools.kv_run(None, 0, before, after, dense, "FLASH_ATTN_MLA")   # no report: the formula, said
+    kv = kvmetrics.kv_run(None, 0, before, after, dense, "FLASH_ATTN_MLA")   # no report: the formula, said
     assert kv["bytes_per_block_source"] == "dense formula" and "no registration report" in kv["bytes_per_block_note"]
     assert kv["blocks_per_transfer"] == pytest.approx(14.06, abs=0.01)     # wrong: why the report exists
     # a report whose groups differ in bytes per block id: blocks unknown, never a guess
-    kv = pdtools.kv_run(None, 0, before, after, dense, "X",
+    kv = kvmetrics.kv_run(None, 0, before, after, dense, "X",
                         registration=dict(MLA_STOCK_REG, bytes_per_block_id=[1, 2], num_kv_cache_groups=2))
     assert kv["blocks_per_transfer"] is None and kv["descriptors_per_block"] is None
     assert "different bytes per block id" in kv["bytes_per_block_note"]
@@ -749,7 +749,7 @@ def test_kv_run_sliding_window_hybrid_is_per_block_id(tmp_path, capsys):
     sliding groups its 17-block window tail: 185 block ids, 2 descriptors each (stock)."""
     ids = 100 + 5 * 17
     before, after = _prom(2 * ids, ids * 2 * GEMMA_PAGE)
-    kv = pdtools.kv_run(None, 0, before, after, 0, "FLASH_ATTN", registration=GEMMA_STOCK_REG)
+    kv = kvmetrics.kv_run(None, 0, before, after, 0, "FLASH_ATTN", registration=GEMMA_STOCK_REG)
     assert kv["blocks_per_transfer"] == pytest.approx(185) and kv["descriptors_per_block"] == pytest.approx(2)
     # the probe (runs.kv_probe): with several groups a prompt's length does not give its blocks (sliding tails)
     from pdtools.runs import kv_probe
@@ -768,10 +768,10 @@ def test_the_shims_mla_descriptor_check_is_one_per_block():
     probes = {"stock": {"kv": {"descriptors_per_block": 8.0, "registration": MLA_STOCK_REG}, "backend": "FLASH_ATTN_MLA"},
               "shim": {"kv": {"descriptors_per_block": 1.0, "registration": dict(MLA_STOCK_REG, num_regions=1)},
                        "backend": "TRITON_MLA"}}
-    s = pdtools.summarize_equivalence(runs, probes, lens, reference="pd-stock")
+    s = equivalence.summarize_equivalence(runs, probes, lens, reference="pd-stock")
     assert s["descriptor_pass"] is True and s["configs"]["shim"]["limit"] == 1.0
     probes["shim"]["kv"]["descriptors_per_block"] = 2.0   # TRITON_MLA: 2 would pass a dense check, not MLA's
-    s = pdtools.summarize_equivalence(runs, probes, lens, reference="pd-stock")
+    s = equivalence.summarize_equivalence(runs, probes, lens, reference="pd-stock")
     assert s["descriptor_pass"] is False and not s["pass"]
 
 
@@ -781,40 +781,40 @@ def test_reference_pd_stock_records_vllms_local_difference_and_keeps_teeth():
     lens = [5, 100]
     runs = {"local:stock": _run(lens), "pd:stock": _run(lens, shift=1, lp_shift=0.03),
             "local:shim": _run(lens), "pd:shim": _run(lens, shift=1, lp_shift=0.03)}
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)   # reference local
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True)   # reference local
     assert not s["pass"] and not s["equivalence_pass"]                                # what it was before
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock")
     assert s["pass"] and s["equivalence_pass"] and s["logprob_pass"] is True, (s["mismatches"], s["logprob_problems"])
     assert s["baseline"] == "pd:stock" and s["reference"] == "pd-stock" and s["mismatches"] == []
     assert set(s["local_vs_pd_stock"]) == {"local:stock", "local:shim"}
     assert s["local_vs_pd_stock"]["local:stock"]["problems"][0].startswith("len 5: first difference")
     assert s["configs"]["shim"]["pd_vs_local_is_vllms"] is True
-    text = pdtools.render_equivalence(s)
+    text = equivalence.render_equivalence(s)
     assert "stock P/D: EQ_REFERENCE=pd-stock" in text and "DIFFERENT (vLLM's)" in text and "recorded, not failing" in text
     # teeth 1: the shim's ids differ from stock P/D
     bad = dict(runs, **{"pd:shim": _run(lens, shift=2, lp_shift=0.03)})
-    s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    s = equivalence.summarize_equivalence(bad, _probes(), lens, batch_invariant=True, reference="pd-stock")
     assert not s["pass"] and s["mismatches"][0].startswith("pd:shim vs pd:stock: len 5")
     # teeth 2: same ids, other logprobs (default kernels too: identical is asked for, up to the tolerance)
     for bi in (True, False):
         bad = dict(runs, **{"pd:shim": _run(lens, shift=1, lp_shift=0.03 + 2 ** -10)})
-        s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=bi, reference="pd-stock")
+        s = equivalence.summarize_equivalence(bad, _probes(), lens, batch_invariant=bi, reference="pd-stock")
         assert not s["pass"] and s["logprob_pass"] is False and "pd:shim vs pd:stock" in s["logprob_problems"][0]
-    s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=False, reference="pd-stock", logprob_tol=0.01)
+    s = equivalence.summarize_equivalence(bad, _probes(), lens, batch_invariant=False, reference="pd-stock", logprob_tol=0.01)
     assert s["pass"]
     # teeth 3: the negative control is judged against stock P/D
     nc = dict(runs, **{"pd:nc-shim": _run([100], shift=1, lp_shift=0.03 + 1e-3)})
-    s = pdtools.summarize_equivalence(nc, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    s = equivalence.summarize_equivalence(nc, _probes(), lens, batch_invariant=True, reference="pd-stock")
     assert s["pass"] and s["negative_control"][0]["detected"] and s["negative_control"][0]["compared_with"] == "pd:stock"
     nc["pd:nc-shim"] = _run([100], shift=1, lp_shift=0.03)    # a control identical to stock P/D: not detected
-    s = pdtools.summarize_equivalence(nc, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    s = equivalence.summarize_equivalence(nc, _probes(), lens, batch_invariant=True, reference="pd-stock")
     assert not s["pass"] and s["negative_control_pass"] is False
     # no stock P/D run: no reference, no pass
-    s = pdtools.summarize_equivalence({"local:shim": _run(lens), "pd:shim": _run(lens)}, _probes(), lens,
+    s = equivalence.summarize_equivalence({"local:shim": _run(lens), "pd:shim": _run(lens)}, _probes(), lens,
                                       batch_invariant=True, reference="pd-stock")
     assert not s["pass"] and "no pd:stock run" in s["mismatches"][0]
     with pytest.raises(ValueError):
-        pdtools.summarize_equivalence(runs, _probes(), lens, reference="bogus")
+        equivalence.summarize_equivalence(runs, _probes(), lens, reference="bogus")
 
 
 def test_reference_pd_stock_v1_separates_the_model_runner_from_the_layout():
@@ -823,17 +823,17 @@ def test_reference_pd_stock_v1_separates_the_model_runner_from_the_layout():
     lens = [5, 100]
     runs = {"pd:stock": _run(lens, lp_shift=2 ** -21), "pd:stock-v1": _run(lens), "pd:shim": _run(lens),
             "local:shim": _run(lens)}
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock")
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock")
     assert not s["pass"] and any(p.startswith("pd:shim vs pd:stock:") for p in s["logprob_problems"])  # the H200 run
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
     assert s["pass"] and s["baseline"] == "pd:stock-v1", (s["mismatches"], s["logprob_problems"])
     assert s["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"] == 2 ** -21
-    assert "EQ_REFERENCE=pd-stock-v1" in pdtools.render_equivalence(s)
+    assert "EQ_REFERENCE=pd-stock-v1" in equivalence.render_equivalence(s)
     bad = dict(runs, **{"pd:shim": _run(lens, lp_shift=2 ** -21)})                  # teeth: one ulp off V1
-    s = pdtools.summarize_equivalence(bad, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
+    s = equivalence.summarize_equivalence(bad, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
     assert not s["pass"] and "pd:shim vs pd:stock-v1" in s["logprob_problems"][0]
     del runs["pd:stock-v1"]
-    s = pdtools.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
+    s = equivalence.summarize_equivalence(runs, _probes(), lens, batch_invariant=True, reference="pd-stock-v1")
     assert not s["pass"] and "no pd:stock-v1 run" in s["mismatches"][0]
 
 

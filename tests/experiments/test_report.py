@@ -10,7 +10,7 @@ import pytest
 
 EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
 sys.path.insert(0, EXP)
-import pdtools  # noqa: E402
+from pdtools import results  # noqa: E402
 from pdtools import report  # noqa: E402
 
 QWEN3_BLOCK = 16 * 28 * 2 * 8 * 128 * 2
@@ -21,7 +21,7 @@ def _cell(config, L, ttfts, dpb):
              "mean_itl_ms": 20.0, "total_token_throughput": 1e5, "completed": 64, "failed": 0}
             for i, t in enumerate(ttfts)]
     kv = {"num_transfers": 64, "avg_descriptors_per_transfer": 640.0 * dpb, "avg_mb_per_transfer": 1120.0}
-    return pdtools.cell_from_runs(config, L, 16, 64 if L > 2048 else 128, runs, [kv] * len(runs), [], QWEN3_BLOCK)
+    return results.cell_from_runs(config, L, 16, 64 if L > 2048 else 128, runs, [kv] * len(runs), [], QWEN3_BLOCK)
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_prefill_only_overhead_and_fragmented_state_kept_apart(doc):
     alone = _cell("prefill_only", 10240, [1500.0, 1600.0, 1700.0], 0)
     alone["output_len"] = 1
     frag = dict(_cell("shim", 10240, [2600.0, 2800.0], 0.5), state="fragmented")
-    merged = pdtools.merge_results([doc, {"cells": [alone, frag]}])
+    merged = results.merge_results([doc, {"cells": [alone, frag]}])
     # a fragmented cell never merges into the fresh one of the same config
     shim = [c for c in merged["cells"] if c["config"] == "shim" and c["input_len"] == 10240]
     assert sorted(len(c["mean_ttft_ms"]) for c in shim) == [2, 3]
@@ -142,16 +142,16 @@ def test_proxy_split_of_the_ttft(doc):
     runs = [{"_run_id": "s-%d" % i, "mean_ttft_ms": 1800.0, "completed": 64, "failed": 0} for i in range(2)]
     px = [{"n": 64, "prefill_ms_mean": 1600.0, "decode_first_ms_mean": 190.0},
           {"n": 64, "prefill_ms_mean": 1620.0, "decode_first_ms_mean": 210.0}]
-    cell = pdtools.cell_from_runs("shim", 10240, 16, 64, runs, [None, None], [], QWEN3_BLOCK, px)
+    cell = results.cell_from_runs("shim", 10240, 16, 64, runs, [None, None], [], QWEN3_BLOCK, px)
     assert cell["proxy_prefill_ms"] == [1600.0, 1620.0] and cell["avg_proxy_decode_first_ms"] == pytest.approx(200.0)
     # a repetition without the proxy's numbers (an older proxy, a failed GET) stays None
-    cell2 = pdtools.cell_from_runs("stock", 10240, 16, 64, runs, [None, None], [], QWEN3_BLOCK, [px[0], None])
+    cell2 = results.cell_from_runs("stock", 10240, 16, 64, runs, [None, None], [], QWEN3_BLOCK, [px[0], None])
     assert cell2["proxy_decode_first_ms"] == [190.0, None] and cell2["avg_proxy_decode_first_ms"] == 190.0
     md = report.markdown({"cells": [cell, cell2]})
     assert "- 10240 tokens, shim: P's answer 1610 ms, then D's first byte 200 ms" in md
     # merging keeps the split per repetition
-    more = pdtools.cell_from_runs("shim", 10240, 16, 64, [dict(runs[0], _run_id="s-9")], [None], [], QWEN3_BLOCK,
+    more = results.cell_from_runs("shim", 10240, 16, 64, [dict(runs[0], _run_id="s-9")], [None], [], QWEN3_BLOCK,
                                   [{"prefill_ms_mean": 1700.0, "decode_first_ms_mean": 300.0}])
-    merged = pdtools.merge_results([{"cells": [cell]}, {"cells": [more]}])["cells"][0]
+    merged = results.merge_results([{"cells": [cell]}, {"cells": [more]}])["cells"][0]
     assert merged["proxy_decode_first_ms"] == [190.0, 210.0, 300.0]
     assert merged["avg_proxy_decode_first_ms"] == pytest.approx(700.0 / 3)
