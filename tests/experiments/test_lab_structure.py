@@ -1,6 +1,8 @@
 """The lab's house (issue 35): experiments/pdtools is one package whose rooms are tied by imports,
 on floors that import only downward (no circle, nothing that runs back up), with the jobs reached
-from the one entry point; the lab's scripts outside it are imported or started by it."""
+from the one entry point; the lab's scripts outside it are imported or started by it.  Issue 42
+item 2: the rooms talk in imports and arguments: none writes the environment (the door reads it
+once, settings.Settings) or edits sys.path."""
 
 import ast
 import glob
@@ -24,25 +26,43 @@ FLOORS = {
 }
 
 
+def _deps(source):
+    """The package's modules ``source`` imports: relative imports (``from . import x``, ``from .x import y``)
+    and absolute ones (``import pdtools.x``, ``from pdtools.x import y``, ``from pdtools import x``)."""
+    deps = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".")
+            if node.level == 0 and parts[0] == "pdtools":
+                parts = parts[1:]
+            elif node.level != 1:
+                continue
+            deps.update([parts[0]] if parts and parts[0] else [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            deps.update(a.name.split(".")[1] for a in node.names if a.name.startswith("pdtools."))
+    return deps
+
+
 def _imports():
-    """module -> the package's modules it imports (relative imports; the jobs are plain imports of cli)."""
-    graph = {}
-    for path in sorted(glob.glob(os.path.join(PKG, "*.py"))):
-        name = os.path.basename(path)[:-3]
-        deps = set()
-        for node in ast.walk(ast.parse(open(path).read())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                deps.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
-        graph[name] = deps
-    return graph
+    """module -> the package's modules it imports (the jobs are plain imports of cli)."""
+    return {os.path.basename(path)[:-3]: _deps(open(path).read())
+            for path in sorted(glob.glob(os.path.join(PKG, "*.py")))}
+
+
+def test_the_import_reader_sees_relative_and_absolute_imports():
+    assert _deps("from . import a, b\nfrom .c import x\nfrom pdtools.d import y\nfrom pdtools import e\n"
+                 "import pdtools.f\nimport pdtools.g.h\nimport os\nfrom os import path\n") == set("abcdefg")
 
 
 def test_every_room_has_a_floor_and_imports_only_downward():
     graph = _imports()
     assert set(graph) == set(FLOORS), "give every module of pdtools a floor: %s" % (set(graph) ^ set(FLOORS))
+    unknown = ["%s imports %s" % (m, d) for m, deps in graph.items() for d in deps if d not in FLOORS]
+    assert unknown == []
     up = ["%s (%d) imports %s (%d)" % (m, FLOORS[m], d, FLOORS[d]) for m, deps in graph.items() for d in deps
           if FLOORS[d] >= FLOORS[m]]
     assert up == []
+    assert graph["__main__"] == {"cli"}      # both its ways in: the folder run's absolute import, -m's relative one
 
 
 def test_no_room_stands_apart():
@@ -103,3 +123,84 @@ def test_the_package_exports_nothing_and_its_users_import_from_the_defining_modu
             elif isinstance(node, ast.Import) and any(a.name == "pdtools" for a in node.names):
                 bad.append("%s: import pdtools" % os.path.relpath(path, ROOT))
     assert bad == []
+
+
+#: rooms that may write the environment, and why (none: the door reads it once, children get env=)
+ENV_WRITERS = {}
+#: rooms that may edit sys.path, and why
+PATH_EDITORS = {
+    "__main__.py": "run as a folder (python3 experiments/pdtools), sys.path[0] is the package folder: the "
+                   "package must be imported from its parent instead",
+}
+_MUTATORS = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__", "insert", "append",
+             "extend", "remove"}
+
+
+def _is(node, module, attr):
+    return isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name) and \
+        node.value.id == module
+
+
+def _writes(source, module, attr):
+    """Lines where ``source`` changes ``module.attr`` (os.environ, sys.path): item assignment or deletion,
+    assignment to it or a slice of it, a mutating method; for os.environ also os.putenv/unsetenv and importing
+    environ/putenv/unsetenv by name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else node.targets if isinstance(node, ast.Delete) else []
+        while targets:
+            t = targets.pop()
+            if isinstance(t, (ast.Tuple, ast.List)):
+                targets += t.elts
+            elif _is(t, module, attr) or isinstance(t, ast.Subscript) and _is(t.value, module, attr):
+                found.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _MUTATORS and _is(node.func.value, module, attr):
+                found.append(node.lineno)
+            if module == "os" and (_is(node.func, "os", "putenv") or _is(node.func, "os", "unsetenv")):
+                found.append(node.lineno)
+        if module == "os" and isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "putenv", "unsetenv") for a in node.names):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_scans_see_every_kind_of_write():
+    planted = ("import os, sys\nos.environ['A'] = '1'\nos.environ.setdefault('B', '2')\nos.environ.update(C='3')\n"
+               "os.environ.pop('D', None)\nos.putenv('E', '5')\ndel os.environ['F']\nos.environ.clear()\n"
+               "from os import environ\nx = os.environ.get('G')\nenv = dict(os.environ, H='8')\n"
+               "os.environ['I'], y = '1', 2\n")
+    assert sorted(_writes(planted, "os", "environ")) == [2, 3, 4, 5, 6, 7, 8, 9, 12]
+    planted = "import sys\nsys.path.insert(0, 'x')\nsys.path[:] = []\nsys.path.append('y')\nsys.path = ['z']\n" \
+              "print(sys.path[0])\n"
+    assert sorted(_writes(planted, "sys", "path")) == [2, 3, 4, 5]
+
+
+def test_no_room_writes_the_environment():
+    """Issue 42 item 2: no environment writes as messages between rooms; a child gets env= (settings.server_env,
+    Pair.child_env)."""
+    found = {os.path.basename(p): _writes(open(p).read(), "os", "environ") for p in glob.glob(os.path.join(PKG, "*.py"))}
+    assert {f: lines for f, lines in found.items() if lines and f not in ENV_WRITERS} == {}
+
+
+def test_the_environment_is_read_at_the_door_only():
+    """os.environ appears in one place: Settings.read, which a door calls once; every room reads the Settings."""
+    where = []
+    for path in glob.glob(os.path.join(PKG, "*.py")):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if _is(node, "os", "environ") or _is(node, "os", "getenv"):
+                where.append(os.path.basename(path))
+    assert where == ["settings.py"]
+    doors = [os.path.basename(p) for p in glob.glob(os.path.join(PKG, "*.py")) for node in ast.walk(
+        ast.parse(open(p).read())) if isinstance(node, ast.Call) and _is(node.func, "Settings", "read")]
+    assert doors == ["cli.py"]
+
+
+def test_no_room_edits_sys_path():
+    """Issue 42 item 2: the rooms import each other, and what lies outside the package (the negative-control hook,
+    upstream_tests.py, the checkout's xlkv_autopatch where the Python has none) by location; only the folder
+    run's door fixes sys.path."""
+    found = {os.path.basename(p): _writes(open(p).read(), "sys", "path") for p in glob.glob(os.path.join(PKG, "*.py"))}
+    assert {f: lines for f, lines in found.items() if lines and f not in PATH_EDITORS} == {}
+    assert all(found.get(f) for f in PATH_EDITORS), "an allowance no longer needed: %s" % PATH_EDITORS
