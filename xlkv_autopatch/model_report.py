@@ -150,8 +150,9 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
     stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
     by_backend = None
     if decision.cross_layer and not release.kv_cache_layouts and shape.attention != families.MLA:
-        # 0.12-0.28: a blocks-first backend's cross-layer block may keep K and V apart (2 regions)
-        by_backend = {b: stock if kept[b] else layout.cross_layer_regions(backend=b, replicated=shape.replicated)
+        # 0.12-0.25: a blocks-first backend's cross-layer block keeps K and V apart (2 regions)
+        by_backend = {b: stock if kept[b] else layout.cross_layer_regions(
+            backend=b, replicated=shape.replicated, kv_split=release.kv_split_regions)
                       for b in release.cross_layer_backends}
         if len({n for b, n in by_backend.items() if not kept[b]}) > 1:  # (kept ones have their own note)
             out["notes"].append("NIXL descriptors per block id depend on the attention backend vLLM picks: %s"
