@@ -19,7 +19,7 @@ from .client import http_text
 from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import gate
 from .kvmetrics import attention_backend
-from .pair import Pair, log_offset, run_logged
+from .pair import BenchClient, Pair, log_offset
 from .results import bench_cell_to_file, report_main
 from .runs import kv_probe, parse_lengths, prom_scrape
 from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, int_setting, log, require_vllm, \
@@ -105,6 +105,7 @@ def main():
 
     setup_env()
     pair = Pair(None)
+    bench = BenchClient(setting("PY"), work)
     failed, skipped = 0, []
     with pair:
         require_gpus_or_cpu_checks(pair)
@@ -148,8 +149,7 @@ def main():
                 url, out_len = pair.url("proxy", ""), output_len
 
             def bench_run(length, n, seed, res, logf, conc=None):
-                cmd = [setting("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
-                       "--model", pair.model, "--tokenizer", pair.model, "--base-url", url, "--endpoint",
+                cmd = ["--backend", "vllm", "--model", pair.model, "--tokenizer", pair.model, "--base-url", url, "--endpoint",
                        "/v1/completions", "--dataset-name", "random", "--random-input-len", str(length),
                        "--random-output-len", str(out_len), "--num-prompts", str(n), "--seed", str(seed),
                        "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
@@ -160,8 +160,8 @@ def main():
                 cmd += extra
                 if conc:
                     cmd += ["--max-concurrency", str(conc)]
-                pair._note("bench: " + " ".join(cmd))
-                return run_logged(cmd, logf, timeout)
+                pair._note("bench: vllm bench serve " + " ".join(cmd))
+                return bench.run(cmd, logf, timeout)
 
             for length in input_lens:
                 if warmup > 0:
@@ -235,6 +235,7 @@ def main():
                                        pair.bytes_per_block, version, pair.gpu_slug, eq_json,
                                        "%s-%d" % (socket.gethostname(), int(time.time())), meta)
             pair.stop_all()
+        bench.close()
     if skipped:
         log("skipped (not in this release): %s" % " ".join(skipped))
     log("results: %s" % result_json)
