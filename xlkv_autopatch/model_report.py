@@ -148,6 +148,15 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
         decision = replace(decision, cross_layer=explicit.use and decision.cross_layer, reason=explicit.reason,
                            layout=layout.layout_name(env_layout))
     stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
+    by_backend = None
+    if decision.cross_layer and not release.kv_cache_layouts and shape.attention != families.MLA:
+        # 0.12-0.25: a blocks-first backend's cross-layer block keeps K and V apart (2 regions)
+        by_backend = {b: stock if kept[b] else layout.cross_layer_regions(
+            backend=b, replicated=shape.replicated, kv_split=release.kv_split_regions)
+                      for b in release.cross_layer_backends}
+        if len({n for b, n in by_backend.items() if not kept[b]}) > 1:  # (kept ones have their own note)
+            out["notes"].append("NIXL descriptors per block id depend on the attention backend vLLM picks: %s"
+                                % ", ".join("%s %s" % kv for kv in by_backend.items()))
     out.update({
         "source": source,
         "family": decision.family,
@@ -160,6 +169,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
         "kv_heads": shape.kv_heads,
         "attention_layers_per_block_id": shape.group_layers,
         "descriptors_per_block": {"stock": stock, "xlkv": xlkv},
+        "descriptors_per_block_by_backend": by_backend,
     })
     return out
 

@@ -19,7 +19,7 @@ from .client import http_text
 from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import gate
 from .kvmetrics import attention_backend
-from .pair import Pair, log_offset, run_logged
+from .pair import BenchClient, Pair, log_offset
 from .results import bench_cell_to_file
 from .runs import kv_probe, parse_lengths, prom_scrape
 from .settings import EXIT_FAIL, EXIT_SETUP, EXIT_UNSUPPORTED, EXP_DIR, die, log, require_vllm
@@ -113,6 +113,9 @@ def main(settings, eq_json=None, result_dir=None):
         require_gpus_or_cpu_checks(pair)
         pair.version = version = require_vllm(pair.child_env())
         pair.ensure_model()
+        bench = BenchClient(s.get("PY"), work, pair.child_env(), s.get("BENCH_CLIENT", "resident"))
+        if bench.mode not in ("resident", "cli"):
+            die(EXIT_SETUP, "BENCH_CLIENT must be resident or cli (got '%s')" % bench.mode)
         names = s.get("CONFIGS", "").split() or default_configs(version)
         ok, why = pair.bench_gpus_ok()
         if not ok:
@@ -151,8 +154,8 @@ def main(settings, eq_json=None, result_dir=None):
                 url, out_len = pair.url("proxy", ""), output_len
 
             def bench_run(length, n, seed, res, logf, conc=None):
-                cmd = [s.get("PY"), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
-                       "--model", pair.model, "--tokenizer", pair.model, "--base-url", url, "--endpoint",
+                cmd = ["--backend", "vllm", "--model", pair.model, "--tokenizer", pair.model, "--base-url", url,
+                       "--endpoint",
                        "/v1/completions", "--dataset-name", "random", "--random-input-len", str(length),
                        "--random-output-len", str(out_len), "--num-prompts", str(n), "--seed", str(seed),
                        "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
@@ -163,8 +166,8 @@ def main(settings, eq_json=None, result_dir=None):
                 cmd += extra
                 if conc:
                     cmd += ["--max-concurrency", str(conc)]
-                pair._note("bench: " + " ".join(cmd))
-                return run_logged(cmd, logf, timeout, pair.child_env())
+                pair._note("bench: vllm bench serve " + " ".join(cmd))
+                return bench.run(cmd, logf, timeout)
 
             for length in input_lens:
                 if warmup > 0:
@@ -238,6 +241,7 @@ def main(settings, eq_json=None, result_dir=None):
                                        pair.bytes_per_block, version, pair.gpu_slug, eq_json,
                                        "%s-%d" % (socket.gethostname(), int(time.time())), meta)
             pair.stop_all()
+        bench.close()
     if skipped:
         log("skipped (not in this release): %s" % " ".join(skipped))
     log("results: %s" % result_json)

@@ -271,15 +271,17 @@ def blocks_for_prompt(n_tokens, block_size=16):
 def descriptor_limit(attn_backend, mla=False, vllm_version=None, source_ranks=1):
     """What the shim promises per block (id) read by one decode rank: the NIXL regions one block of its
     cross-layer layout registers, as the package counts them (xlkv_autopatch.layout.cross_layer_regions):
-    1 for whole rows (vLLM 0.29+), for MLA (one latent page per layer) and on FLASH_ATTN, 2 elsewhere (K
-    and V regions apart); without ``vllm_version`` a release without whole-row layouts.
+    1 for whole rows (vLLM 0.29+), for MLA (one latent page per layer) and on FLASH_ATTN, 2 elsewhere where
+    the release registers K and V apart (0.12-0.25), else 1; without ``vllm_version`` a release without
+    whole-row layouts that splits K and V.
     Times ``source_ranks``, the prefill ranks a decode rank reads each block from (each holds its own
     heads' slice), except MLA (replicated: read from one)."""
     b = (attn_backend or "").upper()
     replicated = bool(mla or "MLA" in b)
     release = shim("facts").facts_for(vllm_version) if vllm_version else None
     regions = float(shim("layout").cross_layer_regions(
-        backend=b, replicated=replicated, whole_rows=release.kv_cache_layouts if release else False))
+        backend=b, replicated=replicated, whole_rows=release.kv_cache_layouts if release else False,
+        kv_split=release.kv_split_regions if release else True))
     return regions if replicated else regions * max(1, int(source_ranks or 1))
 
 

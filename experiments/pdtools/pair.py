@@ -13,6 +13,7 @@ environment from ``child_env``: the servers' environment (settings.server_env) w
 decided for them (``env_changes``: VLLM_BATCH_INVARIANT, UCX_CUDA_IPC_ENABLE_GET_ZCOPY).
 """
 
+import json
 import os
 import re
 import shlex
@@ -480,6 +481,81 @@ def run_logged(cmd, logf, timeout, env):
         with open(logf, errors="replace") as f:
             sys.stderr.write("".join(f.readlines()[-30:]))
     return ok
+
+
+class BenchClient:
+    """`vllm bench serve` runs for one job: one resident process (experiments/bench_client.py) that
+    imports vLLM's benchmark once, instead of a new `python -m vllm... bench serve` per repetition
+    (20-30 s of imports each on 2 x H200, the requests 0.2-3 s).  BENCH_CLIENT=cli: the per-run CLI.
+    ``run`` has run_logged's contract: the run's output in ``logf``; False (the log's tail on stderr)
+    when it failed or ran past ``timeout`` seconds, after which the process is replaced."""
+
+    SCRIPT = os.path.join(EXP_DIR, "bench_client.py")
+
+    def __init__(self, python, work, env, mode="resident"):
+        """``env``: the environment of the client's process (Pair.child_env); ``mode``: BENCH_CLIENT."""
+        self.python, self.work, self.env = python, work, env
+        self.mode = mode or "resident"
+        self.proc, self.n = None, 0
+
+    def _start(self):
+        self.log_path = os.path.join(self.work, "bench-client-%d.log" % os.getpid())
+        out = open(self.log_path, "a")
+        try:
+            self.proc = subprocess.Popen([self.python, self.SCRIPT], stdin=subprocess.PIPE, stdout=out,
+                                         stderr=subprocess.STDOUT, text=True, cwd=self.work, env=self.env)
+        finally:
+            out.close()
+
+    def run(self, argv, logf, timeout):
+        """``argv``: the arguments after `vllm bench serve`."""
+        if self.mode == "cli":
+            return run_logged([self.python, "-m", "vllm.entrypoints.cli.main", "bench", "serve"] + list(argv), logf,
+                              timeout, self.env)
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.n += 1
+        done = "%s.done-%d" % (logf, self.n)
+        if os.path.exists(done):
+            os.remove(done)
+        ok, deadline = False, time.time() + timeout
+        try:
+            self.proc.stdin.write(json.dumps({"argv": list(argv), "log": logf, "done": done}) + "\n")
+            self.proc.stdin.flush()
+            while time.time() < deadline and not os.path.exists(done) and self.proc.poll() is None:
+                time.sleep(0.05)
+            if os.path.exists(done):
+                with open(done) as f:
+                    ok = json.load(f).get("rc") == 0
+                os.remove(done)
+            else:
+                why = "ran past %d s" % timeout if self.proc.poll() is None else \
+                    "the bench client exited (%s; its log: %s)" % (self.proc.returncode, self.log_path)
+                log("ERROR: bench run %s" % why)
+                self.close()
+        except (OSError, ValueError) as e:  # a broken pipe: the client died
+            log("ERROR: bench client: %s (its log: %s)" % (e, self.log_path))
+            self.close()
+        if not ok:
+            for path in (logf, self.log_path):
+                if os.path.exists(path):
+                    with open(path, errors="replace") as f:
+                        sys.stderr.write("".join(f.readlines()[-30:]))
+        return ok
+
+    def close(self):
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def collect_log_tails(work, dest, lines=80):

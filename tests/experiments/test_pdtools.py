@@ -145,7 +145,10 @@ def test_blocks_for_prompt_and_limits():
     # backend; FLASH_ATTN's cross-layer block is one region on every release (0.23-0.25 too)
     assert kvmetrics.descriptor_limit("TRITON_ATTN", vllm_version="0.33.0") == 1.0
     assert kvmetrics.descriptor_limit("FLASH_ATTN", vllm_version="0.26.0") == 1.0
-    assert kvmetrics.descriptor_limit("FLASHINFER", vllm_version="0.26.0") == 2.0
+    # a blocks-first block (TRITON_ATTN, FLASHINFER) is 2 regions where the release registers K and V apart
+    # (0.12-0.25: the CPU harness, TRITON_ATTN with XLKV_EQUAL_TP=true, 0.21.0: 2), else 1 (0.26.0: 1)
+    assert kvmetrics.descriptor_limit("FLASHINFER", vllm_version="0.26.0") == 1.0
+    assert kvmetrics.descriptor_limit("TRITON_ATTN", vllm_version="0.21.0") == 2.0
     assert kvmetrics.descriptor_limit("FLASH_ATTN", vllm_version="0.24.0") == 1.0
     assert kvmetrics.descriptor_limit("TRITON_MLA", vllm_version="0.24.0") == 1.0
 

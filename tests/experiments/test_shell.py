@@ -538,6 +538,43 @@ def test_bench_concurrency_levels_are_cells_of_their_own_on_the_same_servers_wit
     assert "stock [c1]" in md and "stock [c2]" in md
 
 
+@pytest.mark.parametrize("client", ["resident", "cli"])
+def test_bench_runs_every_repetition_in_one_resident_client(tmp_path, client):
+    """The benchmark client is imported once per job (experiments/bench_client.py; 20-30 s of imports per
+    repetition on 2 x H200 before): every repetition and the warm-up ran in one process, through vLLM's
+    own benchmark module (the fake's here); BENCH_CLIENT=cli: a process per run, as before."""
+    pytest.importorskip("aiohttp", reason="the fake vLLM needs it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="prefill_only", INPUT_LENS="64 32", NUM_PROMPTS="3", REPS="2", WARMUP_PROMPTS="1",
+             BENCH_CLIENT=client, RESULT_JSON=str(res))
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = [json.loads(f.read_text()) for f in sorted((tmp_path / "work" / "bench").glob("*.json"))]
+    assert len(runs) == 4 and all(x["completed"] == 3 for x in runs)
+    pids = {x["client_pid"] for x in runs}
+    assert len(pids) == (1 if client == "resident" else 4), pids
+    cells = json.loads(res.read_text())["cells"]
+    assert sorted(c["input_len"] for c in cells) == [32, 64] and all(len(c["mean_ttft_ms"]) == 2 for c in cells)
+
+
+def test_bench_client_survives_a_failed_repetition(tmp_path):
+    """A repetition that fails (no server) is reported as failed, the next one runs in the same process."""
+    pytest.importorskip("aiohttp", reason="the fake vLLM needs it")
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "fake_vllm"))
+    bench = pair.BenchClient(sys.executable, str(tmp_path), env, mode="resident")
+    try:
+        argv = ["--base-url", "http://127.0.0.1:9", "--model", "m", "--random-input-len", "4",
+                "--random-output-len", "1", "--num-prompts", "1"]
+        assert bench.run(argv, str(tmp_path / "a.log"), 60) is False
+        pid = bench.proc.pid
+        assert bench.run(argv + ["--no-such-option"], str(tmp_path / "b.log"), 60) is False
+        assert bench.proc.pid == pid and bench.proc.poll() is None
+        assert "unrecognized arguments: --no-such-option" in (tmp_path / "b.log").read_text()
+    finally:
+        bench.close()
+
+
 def test_bench_on_one_gpu_turns_cuda_ipc_reads_on_and_refuses_without_them(tmp_path):
     """One GPU: UCX turns cuda_ipc READs off without NVLink (0.4 GB/s measured), so the servers
     get UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (1292 GB/s measured) and the cells say shared_gpu; a caller

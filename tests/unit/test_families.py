@@ -288,6 +288,10 @@ def test_cross_layer_regions_per_block():
     # (experiments/results/compat-matrix.json, 0.23.0: xlkv num_regions 1)
     assert layout.cross_layer_regions(backend="FLASH_ATTN") == 1
     assert layout.cross_layer_regions(backend="FLASHINFER") == 2
+    # a blocks-first block is one region where the release keeps K and V together (0.26+; the CPU harness
+    # with TRITON_ATTN and XLKV_EQUAL_TP=true: 2 regions per block on 0.21.0, 1 on 0.26.0)
+    assert layout.cross_layer_regions(backend="TRITON_ATTN", kv_split=True) == 2
+    assert layout.cross_layer_regions(backend="TRITON_ATTN", kv_split=False) == 1
     assert layout.cross_layer_regions(backend="FLASHINFER", whole_rows=True) == 1
     assert layout.cross_layer_regions(backend="TRITON_MLA", replicated=True) == 1
 

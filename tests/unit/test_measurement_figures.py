@@ -258,6 +258,7 @@ DENSE12_CONSOLE = "logs-2026-11-26-2xH200-hetero-tp/call20/console.txt"
 DENSE21 = "2026-11-27-equivalence-0.33.0-2xH200-tp2to1-stock.json"
 DENSE21NC = "2026-11-27-equivalence-0.33.0-2xH200-tp2to1-nc.json"
 GEMMA21NC = "2026-11-27-equivalence-0.33.0-2xH200-gemma3-tp2to1-nc.json"
+DENSE12NC = "2026-11-27-equivalence-0.33.0-2xH200-tp1to2-nc.json"
 MLA33 = "2026-11-26-equivalence-0.33.0-1xH100-mla-native-nc.json"
 GEMMA33 = "2026-11-26-equivalence-0.33.0-1xH100-gemma3-native-nc.json"
 MQA33 = "2026-11-26-equivalence-0.33.0-1xH100-mqa-nc.json"
@@ -779,6 +780,12 @@ MEASUREMENTS = [
               eq(GEMMA21NC)["configs"]["shim"]["kv_cache_groups"], per_block(GEMMA21NC, "stock"),
               per_block(GEMMA21NC, "shim"))
      if per_remote_rank_pass(DENSE21NC) and per_remote_rank_pass(GEMMA21NC) else ("?",) * 14),
+    ("pd:shim identical to pd:stock (ids and logprobs, max difference {}), negative control detected ({}), D registered "
+     "{} → {} regions per block id, {} → {} descriptors per block: **{}**",
+     lambda: (f0(lp(DENSE12NC, "shim")), "%.3f" % nc(DENSE12NC), regions(DENSE12NC, "stock"), regions(DENSE12NC, "shim"),
+              per_block(DENSE12NC, "stock"), per_block(DENSE12NC, "shim"), passed(DENSE12NC))
+     if eq(DENSE12NC)["reference"] == "pd-stock" and (eq(DENSE12NC)["tp_p"], eq(DENSE12NC)["tp_d"]) == (1, 2)
+     else ("?",) * 7),
     ("stock only, {} descriptors per {}-block transfer ({} per block: {} layers from each of the two prefill ranks), D "
      "registered {} regions per block id (LBHNC)",
      lambda: (f0(probe(DENSE21, "stock")[1]), f0(probe(DENSE21, "stock")[0]), per_block(DENSE21, "stock"),

@@ -200,3 +200,32 @@ def test_status_asks_the_run_times_backend_step(status, monkeypatch):
     monkeypatch.setattr(families, "kept_stock_for_any_tp", real)
     rc, info = status("0.24.0", "llama-70b", "--tp", "4", XLKV_EQUAL_TP="true")
     assert info["model"]["layout"] == "one cross-layer KV tensor"
+
+
+@pytest.mark.parametrize("vllm, equal_tp, expected", [
+    # XLKV_EQUAL_TP=true keeps every backend's cross-layer block: a blocks-first one registers K and V apart
+    # on 0.12-0.25 (the release's kv_split column)
+    ("0.24.0", "true", {"FLASH_ATTN": 1, "FLASHINFER": 2, "TRITON_ATTN": 2}),
+    # 0.26: K and V in one region of any backend's block: 1 each, so no note
+    ("0.26.0", "true", {"FLASH_ATTN": 1, "FLASHINFER": 1, "TRITON_ATTN": 1}),
+    # unset: only FLASH_ATTN's heads-outermost block is kept, the others stay stock (one region per layer)
+    ("0.26.0", None, {"FLASH_ATTN": 1, "FLASHINFER": 80, "TRITON_ATTN": 80}),
+])
+def test_status_model_counts_descriptors_per_backend(status, vllm, equal_tp, expected):
+    """vLLM 0.12-0.28: status --model does not know which attention backend vLLM picks, so it gives the
+    count for each (the run-time registration differs: 1 region for FLASH_ATTN's block, 2 for a
+    blocks-first one) and says so in a note where they differ."""
+    env = {"XLKV_EQUAL_TP": equal_tp} if equal_tp else {}
+    rc, info = status(vllm, "llama-70b", "--tp", "4", **env)
+    m = info["model"]
+    by = m["descriptors_per_block_by_backend"]
+    assert {b: by[b] for b in expected if b in by} == {b: n for b, n in expected.items() if b in by}, by
+    assert by["FLASH_ATTN"] == 1
+    # a note where cross-layer backends differ (the stock ones have their own: "keep the stock layout")
+    assert any("depend on the attention backend" in n for n in m["notes"]) == (len(set(expected.values())) > 1
+                                                                            and bool(equal_tp)), m["notes"]
+
+
+def test_status_model_has_no_per_backend_counts_where_the_layout_decides(status):
+    rc, info = status("0.33.0", "llama-70b", "--tp", "4")
+    assert info["model"]["descriptors_per_block_by_backend"] is None

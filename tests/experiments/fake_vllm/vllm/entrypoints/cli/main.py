@@ -220,41 +220,59 @@ def serve(argv):
     web.run_app(app, host=a.host, port=a.port, print=None)
 
 
-def bench_serve(argv):
-    import aiohttp
-
-    ap = argparse.ArgumentParser()
+def add_bench_args(ap):
+    """The `bench serve` options the lab passes (vllm.benchmarks.serve.add_cli_args in the real vLLM)."""
+    ap.add_argument("--backend", default="vllm")
     ap.add_argument("--base-url")
     ap.add_argument("--endpoint", default="/v1/completions")
     ap.add_argument("--model")
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--dataset-name", default="random")
     ap.add_argument("--random-input-len", type=int)
     ap.add_argument("--random-output-len", type=int)
     ap.add_argument("--num-prompts", type=int)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--percentile-metrics")
+    ap.add_argument("--metric-percentiles")
+    ap.add_argument("--max-concurrency", type=int)
     ap.add_argument("--save-result", action="store_true")
     ap.add_argument("--result-dir", default=".")
     ap.add_argument("--result-filename")
+
+
+def bench_serve(argv):
+    ap = argparse.ArgumentParser()
+    add_bench_args(ap)
     a, _ = ap.parse_known_args(argv)
+    return bench_main(a)
+
+
+def bench_main(a):
+    import aiohttp
+
     rng = random.Random(a.seed)
+    slots = asyncio.Semaphore(a.max_concurrency or a.num_prompts)
 
     async def one(session, i):
         prompt = " ".join("w%d" % rng.randrange(2, 32000) for _ in range(a.random_input_len))
         body = {"model": a.model, "prompt": prompt, "max_tokens": a.random_output_len, "stream": True,
                 "stream_options": {"include_usage": True}, "ignore_eos": True}
-        t0 = time.perf_counter()
-        ttft, last, itl = None, None, []
-        async with session.post(a.base_url + a.endpoint, json=body) as r:
-            if r.status != 200:
-                return None
-            async for line in r.content:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                now = time.perf_counter()
-                if ttft is None:
-                    ttft = now - t0
-                else:
-                    itl.append(now - last)
-                last = now
+        async with slots:
+            t0 = time.perf_counter()
+            ttft, last, itl = None, None, []
+            async with session.post(a.base_url + a.endpoint, json=body) as r:
+                if r.status != 200:
+                    return None
+                async for line in r.content:
+                    if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                        continue
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - t0
+                    else:
+                        itl.append(now - last)
+                    last = now
         return ttft, itl
 
     async def run():
@@ -270,7 +288,8 @@ def bench_serve(argv):
     out = {"date": time.strftime("%Y%m%d-%H%M%S"), "completed": len(ok), "failed": len(res) - len(ok),
            "mean_ttft_ms": statistics.mean(ttfts), "median_ttft_ms": statistics.median(ttfts),
            "p99_ttft_ms": ttfts[int(0.99 * (len(ttfts) - 1))], "mean_itl_ms": statistics.mean(itls) if itls else 0,
-           "total_token_throughput": len(ok) * (a.random_input_len + a.random_output_len) / dur}
+           "total_token_throughput": len(ok) * (a.random_input_len + a.random_output_len) / dur,
+           "client_pid": os.getpid()}
     print("Successful requests: %d" % len(ok))
     print("Mean TTFT (ms): %.2f" % out["mean_ttft_ms"])
     print("Mean ITL (ms): %.2f" % out["mean_itl_ms"])
