@@ -131,6 +131,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
                             "--no-disable-hybrid-kv-cache-manager they would not, and the stock layout is kept)")
     equal_tp = _equal_tp()
     decision = families.decide(shape, release, equal_tp=equal_tp)
+    kept = {}  # backend -> why it keeps the stock layout (None: cross-layer), where the backend decides too
     if decision.cross_layer and not release.kv_cache_layouts and shape.attention != families.MLA:
         # the attention backend decides too (the preference patch asks the same function at run time)
         kept = {b: families.kept_stock_for_any_tp(b, release, equal_tp=equal_tp)
@@ -149,7 +150,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
                            layout=layout.layout_name(env_layout))
     stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
     by_backend = None
-    if decision.cross_layer and not release.kv_cache_layouts and shape.attention != families.MLA:
+    if kept and decision.cross_layer:
         # 0.12-0.25: a blocks-first backend's cross-layer block keeps K and V apart (2 regions)
         by_backend = {b: stock if kept[b] else layout.cross_layer_regions(
             backend=b, replicated=shape.replicated, kv_split=release.kv_split_regions)
