@@ -126,6 +126,14 @@ def ratio(a, b):
     return f2(a / b) + "×"
 
 
+def stock_vs_shim(name, n, length):
+    """Stock's and the shim's mean TTFT in one results file's cell, each as "mean ± std" and its span over
+    repetitions, then stock / shim: the five figures every "stock {} ms ({}), shim {} ms ({}): {}" claim fills."""
+    stock, shim = cell(name, "stock", n, length), cell(name, "shim", n, length)
+    return (pm(stock), span(stock["mean_ttft_ms"]), pm(shim), span(shim["mean_ttft_ms"]),
+            ratio(ttft(stock), ttft(shim)))
+
+
 def verdict(ok):
     return "PASS" if ok else "FAIL"
 
@@ -386,18 +394,14 @@ MEASUREMENTS = [
     ("P/D mean TTFT, vLLM 0.21.0, 2×H200, {} × {} tokens, {} reps | stock {} ms ({}), shim {} ms ({}): **{}**; "
      "mean ITL {} vs {} ms",
      lambda: (128, 1024, cell(B21K, "stock", 128, 1024)["reps"],
-              pm(cell(B21K, "stock", 128, 1024)), span(cell(B21K, "stock", 128, 1024)["mean_ttft_ms"]),
-              pm(cell(B21K, "shim", 128, 1024)), span(cell(B21K, "shim", 128, 1024)["mean_ttft_ms"]),
-              ratio(ttft(cell(B21K, "stock", 128, 1024)), ttft(cell(B21K, "shim", 128, 1024))),
+              *stock_vs_shim(B21K, 128, 1024),
               f1(itl(cell(B21K, "stock", 128, 1024))), f1(itl(cell(B21K, "shim", 128, 1024))))),
     # 0.26.0, 64 × 10240
     ("P/D mean TTFT, vLLM 0.26.0, 2×H200, {} × {} tokens, {} reps | stock {} ms ({}), shim {} ms ({}): **{}**; "
      "vLLM's best own configuration (opt-in + `VLLM_USE_V2_MODEL_RUNNER=0`) {} ms ({}); mean ITL {} / {} / {} ms; "
      "vLLM's average KV transfer time per request {} ms (stock) vs {} ms (shim)",
      lambda: (64, 10240, cell(B26, "stock", 64, 10240)["reps"],
-              pm(cell(B26, "stock", 64, 10240)), span(cell(B26, "stock", 64, 10240)["mean_ttft_ms"]),
-              pm(cell(B26, "shim", 64, 10240)), span(cell(B26, "shim", 64, 10240)["mean_ttft_ms"]),
-              ratio(ttft(cell(B26, "stock", 64, 10240)), ttft(cell(B26, "shim", 64, 10240))),
+              *stock_vs_shim(B26, 64, 10240),
               pm(cell(B26, "native-v1", 64, 10240)),
               ratio(ttft(cell(B26, "stock", 64, 10240)), ttft(cell(B26, "native-v1", 64, 10240))),
               *[f1(itl(cell(B26, c, 64, 10240))) for c in ("stock", "shim", "native-v1")],
@@ -407,13 +411,9 @@ MEASUREMENTS = [
      "shim {} ms ({}): {}. Rerun 2026-11-22 (shim at 11f7b7e), {} reps: stock {} ms ({}), shim {} ms ({}): {}; "
      "native-v1 {} ms ({} reps). Pooled, {} reps each: stock {} ± {}, shim {} ± {} ms: {}",
      lambda: (128, 1024, cell(B26, "stock", 128, 1024)["reps"],
-              pm(cell(B26, "stock", 128, 1024)), span(cell(B26, "stock", 128, 1024)["mean_ttft_ms"]),
-              pm(cell(B26, "shim", 128, 1024)), span(cell(B26, "shim", 128, 1024)["mean_ttft_ms"]),
-              ratio(ttft(cell(B26, "stock", 128, 1024)), ttft(cell(B26, "shim", 128, 1024))),
+              *stock_vs_shim(B26, 128, 1024),
               cell(B26R, "stock", 128, 1024)["reps"],
-              pm(cell(B26R, "stock", 128, 1024)), span(cell(B26R, "stock", 128, 1024)["mean_ttft_ms"]),
-              pm(cell(B26R, "shim", 128, 1024)), span(cell(B26R, "shim", 128, 1024)["mean_ttft_ms"]),
-              ratio(ttft(cell(B26R, "stock", 128, 1024)), ttft(cell(B26R, "shim", 128, 1024))),
+              *stock_vs_shim(B26R, 128, 1024),
               pm(cell(B26R, "native-v1", 128, 1024)), cell(B26R, "native-v1", 128, 1024)["reps"],
               pooled("stock")[0], f0(pooled("stock")[1]), f0(pooled("stock")[2]),
               f0(pooled("shim")[1]), f0(pooled("shim")[2]),
@@ -428,9 +428,7 @@ MEASUREMENTS = [
      "vLLM's average KV transfer time per request {} / {} / {} ms",
      lambda: (cell(B33, "native", 64, 10240)["reps"],
               cell(B33, "stock", 64, 10240)["reps"] - cell(B33, "native", 64, 10240)["reps"],
-              pm(cell(B33, "stock", 64, 10240)), span(cell(B33, "stock", 64, 10240)["mean_ttft_ms"]),
-              pm(cell(B33, "shim", 64, 10240)), span(cell(B33, "shim", 64, 10240)["mean_ttft_ms"]),
-              ratio(ttft(cell(B33, "stock", 64, 10240)), ttft(cell(B33, "shim", 64, 10240))),
+              *stock_vs_shim(B33, 64, 10240),
               pm(cell(B33, "native", 64, 10240)), span(cell(B33, "native", 64, 10240)["mean_ttft_ms"]),
               cell(B33, "native", 64, 10240)["reps"],
               ratio(ttft(cell(B33, "stock", 64, 10240)), ttft(cell(B33, "native", 64, 10240))),
