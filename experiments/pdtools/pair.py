@@ -478,9 +478,15 @@ def run_logged(cmd, logf, timeout, env):
         except subprocess.TimeoutExpired:
             ok = False
     if not ok:
-        with open(logf, errors="replace") as f:
-            sys.stderr.write("".join(f.readlines()[-30:]))
+        log_tail(logf)
     return ok
+
+
+def log_tail(path, lines=30):
+    """The last ``lines`` lines of a failed run's log, on stderr (nothing if there is no log)."""
+    if os.path.exists(path):
+        with open(path, errors="replace") as f:
+            sys.stderr.write("".join(f.readlines()[-lines:]))
 
 
 class BenchClient:
@@ -538,9 +544,7 @@ class BenchClient:
             self.close()
         if not ok:
             for path in (logf, self.log_path):
-                if os.path.exists(path):
-                    with open(path, errors="replace") as f:
-                        sys.stderr.write("".join(f.readlines()[-30:]))
+                log_tail(path)
         return ok
 
     def close(self):
