@@ -23,6 +23,11 @@ Events (``ev``), with the request id vLLM uses inside the engine (``req``):
     read_start / read_posted   start_load_kv before / after the original (the reads posted)
     recv_done    get_finished / get_transfer_results reported the read done (or failed)
     send_done    get_finished / get_transfer_results reported D's read of P's blocks done
+  scheduler (vLLM's Scheduler, engine core): the first token's path, which the connector does not see
+    first_run    D: the first schedule() after noticed_recv that gives the request tokens to compute
+                 (the last prompt token's forward is in that step)
+    first_out    the first update_from_output that hands the request's first new token to the frontend
+                 (P: its one token, in the step that finished the prefill; D: the first token after the read)
 Each process also writes one ``installed`` line naming what it wrapped and what it could not.
 """
 
@@ -38,11 +43,15 @@ MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector",   # 0.
 SCHEDULER = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
              "update_connector_output", "request_finished", "request_finished_all_groups")
 WORKER = ("start_load_kv", "get_finished", "get_transfer_results")
+SCHED_MODULE = "vllm.v1.core.sched.scheduler"
+SCHED_METHODS = ("schedule", "update_from_output")
 MARK = "_xlkv_handoff_trace"
 
 _lock = threading.Lock()
 _out = None
 _seen = set()      # request ids whose ``sched`` line is written (dropped at ``finished``)
+_await_run = {}    # D: request id -> engine; the read was noticed, its first step with tokens not yet seen
+_await_out = {}    # P and D: request id -> engine; the first new token not yet handed out
 _installed = False
 
 
@@ -114,6 +123,8 @@ def _on_matched(conn, request):
     if side == "D":
         extra["remote"] = p.get("remote_request_id")
         extra["remote_engine"] = p.get("remote_engine_id")
+    elif side == "P":
+        _await_out[rid] = extra["engine"]
     _write("sched", rid, **extra)
 
 
@@ -134,6 +145,8 @@ def _on_output(conn, output):
     for ev, attr in (("noticed_recv", "finished_recving"), ("noticed_send", "finished_sending")):
         for rid in _ids(getattr(output, attr, None)):
             _write(ev, rid, engine=_engine(conn))
+            if ev == "noticed_recv" and rid in _seen:
+                _await_run[rid] = _engine(conn)
 
 
 @_safe
@@ -142,6 +155,7 @@ def _on_finished(conn, request, result):
     params = result[1] if isinstance(result, tuple) and len(result) == 2 else None
     _write("finished", rid, engine=_engine(conn), params=bool(params))
     _seen.discard(rid)
+    _await_run.pop(rid, None)   # finished before its first step (aborted, failed): nothing more to wait for
 
 
 # ----------------------------------------------------------------- worker side
@@ -159,6 +173,60 @@ def _on_done(conn, result):
     for ev, ids in (("send_done", sending), ("recv_done", recving)):
         for rid in _ids(ids):
             _write(ev, rid, engine=engine, rank=rank)
+
+
+# ----------------------------------------------------------------- the first token (vLLM's Scheduler)
+@_safe
+def _on_schedule(scheduler_output):
+    if not _await_run:
+        return
+    counts = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    for rid in [r for r in _await_run if counts.get(r)]:
+        engine = _await_out[rid] = _await_run.pop(rid)
+        _write("first_run", rid, engine=engine, tokens=counts[rid])
+
+
+def _outputs(result):
+    """The EngineCoreOutput items of update_from_output's result (a dict of EngineCoreOutputs per client)."""
+    groups = result.values() if isinstance(result, dict) else [result]
+    for g in groups:
+        for o in (getattr(g, "outputs", None) or ()):
+            yield o
+
+
+@_safe
+def _on_update(result):
+    if not _await_out:
+        return
+    for o in _outputs(result):
+        rid = getattr(o, "request_id", None)
+        if rid in _await_out and getattr(o, "new_token_ids", None):
+            _write("first_out", rid, engine=_await_out.pop(rid), tokens=len(o.new_token_ids))
+
+
+def _scheduler_wrapper(attr):
+    def wrapper(wrapped, instance, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        (_on_schedule if attr == "schedule" else _on_update)(out)
+        return out
+    return wrapper
+
+
+def _patch_scheduler(module):
+    import wrapt
+
+    cls = getattr(module, "Scheduler", None)
+    if cls is None or getattr(cls, MARK, False):
+        return
+    wrapped, missing = [], []
+    for attr in SCHED_METHODS:
+        if not callable(getattr(cls, attr, None)):
+            missing.append(attr)
+            continue
+        setattr(cls, attr, wrapt.FunctionWrapper(getattr(cls, attr), _scheduler_wrapper(attr)))
+        wrapped.append(attr)
+    setattr(cls, MARK, True)
+    _write("installed", module=module.__name__, wrapped=wrapped, missing=missing)
 
 
 def _arg(args, kwargs, i, name):
@@ -240,11 +308,11 @@ def install():
 
     def hook(module):
         try:
-            _patch(module)
+            (_patch_scheduler if module.__name__ == SCHED_MODULE else _patch)(module)
         except Exception as e:  # noqa: BLE001 - say it; never stop vLLM for a trace
             sys.stderr.write("xlkv handoff trace: not installed on %s (%s: %s)\n"
                              % (module.__name__, type(e).__name__, e))
 
-    for name in MODULES:
+    for name in MODULES + (SCHED_MODULE,):
         wrapt.register_post_import_hook(hook, name)
     return True

@@ -23,6 +23,16 @@ The parts of one request, in order; with the proxy's times they add up to its TT
   d_notice       .. D's scheduler learns it (the step's output)
   d_first_token  .. the proxy has D's first byte (the last prompt token's forward, output, HTTP)
 
+Two parts are split further where the trace has vLLM's Scheduler events (``first_run``, ``first_out``);
+these sub-parts add up to their part and are kept apart from it (``subparts_ms``):
+
+  p_answer       = p_out        P's request finished .. P's scheduler hands its token to the frontend
+                 + p_frontend   .. the proxy has P's answer (engine-core output, API server, HTTP)
+  d_first_token  = d_to_run     D's scheduler learns the read finished .. the first step that computes
+                                the request's last prompt token is scheduled
+                 + d_forward    .. that step's output hands the first token to the frontend
+                 + d_frontend   .. the proxy has D's first byte (engine-core output, API server, HTTP)
+
 Without the proxy's times the split starts at P's scheduler and ends at D's notice, with
 ``p_to_d`` (P finished .. D's scheduler looks: P's answer, the router, D's admission) in between.
 Pure logic: no vLLM, no I/O beyond reading the files.
@@ -38,6 +48,8 @@ PARTS = ("proxy_to_p", "p_admission", "p_prefill", "p_answer", "proxy_to_d", "d_
          "d_dispatch", "transfer", "d_notice", "d_first_token")
 #: the parts when the proxy's times are missing (another router): P's scheduler .. D's notice
 ENGINE_PARTS = ("p_prefill", "p_to_d", "d_alloc", "d_dispatch", "transfer", "d_notice")
+#: the finer split of p_answer and d_first_token (trace events first_run and first_out)
+SUBPARTS = ("p_out", "p_frontend", "d_to_run", "d_forward", "d_frontend")
 RID = re.compile(r"pd-\d+-\d+(?!\d)")
 
 
@@ -125,7 +137,12 @@ def split(events, proxy_records=(), window=None):
                  d.get("recv_done_last"), d.get("noticed_recv"), px.get("t_d_first")]
         parts = {name: _ms(a, b) for name, a, b in zip(PARTS, marks, marks[1:])}
         parts["p_to_d"] = _ms(p.get("finished"), d.get("sched"))
-        row = {"d_request": rid, "p_request": d.get("remote"), "rid": px.get("rid"), "ranks": len(d["ranks"]),
+        sub = {"p_out": _ms(p.get("finished"), p.get("first_out")),
+               "p_frontend": _ms(p.get("first_out"), px.get("t_p_answer")),
+               "d_to_run": _ms(d.get("noticed_recv"), d.get("first_run")),
+               "d_forward": _ms(d.get("first_run"), d.get("first_out")),
+               "d_frontend": _ms(d.get("first_out"), px.get("t_d_first"))}
+        row = {"subparts_ms": sub, "d_request": rid, "p_request": d.get("remote"), "rid": px.get("rid"), "ranks": len(d["ranks"]),
                "prompt_tokens": d.get("prompt_tokens"), "parts_ms": parts,
                "read_posting_ms": _ms(d.get("read_start_first"), d.get("read_posted_last")),
                "total_ms": _ms(px.get("t_in"), px.get("t_d_first")),
@@ -153,6 +170,13 @@ def summary(rows):
         s = _stats(r["parts_ms"][k] for r in done)
         if s:
             out["parts_ms"][k] = s
+    subs = {}
+    for k in SUBPARTS:
+        st = _stats(r["subparts_ms"].get(k) for r in done if r.get("subparts_ms"))
+        if st:
+            subs[k] = st
+    if subs:
+        out["subparts_ms"] = subs
     for k in ("total_ms", "engine_total_ms", "read_posting_ms"):
         s = _stats(r[k] for r in done)
         if s:
@@ -165,7 +189,7 @@ def check(rows, tolerance_ms=1.0):
     means two events out of the order a P/D request goes through (a wrapper on the wrong method)."""
     problems = []
     for r in rows:
-        for k, v in r["parts_ms"].items():
+        for k, v in list(r["parts_ms"].items()) + list((r.get("subparts_ms") or {}).items()):
             if v is not None and v < -tolerance_ms:
                 problems.append("%s: %s is %.3f ms (an event out of order)" % (r["d_request"], k, v))
     return problems

@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 
+from .handoff import PARTS, SUBPARTS
 from .results import merge_results
 
 CONFIG_ORDER = ["prefill_only", "stock", "stock-v1", "shim", "shim-keep-order", "shim-ucx", "native", "native-v1"]
@@ -174,7 +175,90 @@ def markdown(doc, wire=None):
     notes = ["", "mean TTFT: per repetition, `vllm bench serve`'s mean over its prompts; mean ± sample std "
              "and min–max over repetitions. stock/config > 1 means the config is faster than stock. "
              "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)."]
-    return "\n".join(head + lines + notes) + "\n"
+    split = handoff_markdown(doc)
+    return "\n".join(head + lines + notes) + "\n" + ("\n" + split if split else "")
+
+
+#: the split's columns: the proxy's two parts are kept out when they stay under HIDE_MS (said under the table)
+HIDE_MS = 0.5
+
+
+def handoff_rows(doc):
+    """One row per P/D cell with the handoff trace (HANDOFF_TRACE=1): its mean TTFT (mean ± std over
+    repetitions), P/D over prefill alone (same length and concurrency), and per part of pdtools/handoff.py's
+    split the mean and the p50 in ms.  Mean: the mean over repetitions of each repetition's mean over its
+    requests (the parts' means add up to the proxy's mean total); p50: the median of the repetitions' p50."""
+    alone = {(c["input_len"], c.get("max_concurrency")): stats(c.get("mean_ttft_ms"))
+             for c in doc.get("cells", []) if c.get("config") == "prefill_only"}
+    out = []
+    for c in sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
+                                                         _order(c.get("config")))):
+        reps = [h for h in (c.get("handoff_trace") or []) if h and h.get("parts_ms")]
+        if not reps:
+            continue
+        t, base = stats(c.get("mean_ttft_ms")), alone.get((c["input_len"], c.get("max_concurrency")))
+        parts = {}
+        for k in PARTS:
+            got = [h["parts_ms"][k] for h in reps if k in h["parts_ms"]]
+            if len(got) == len(reps):
+                parts[k] = {"mean": statistics.mean(g["mean"] for g in got),
+                            "p50": statistics.median(g["p50"] for g in got)}
+        subs = {}
+        for k in SUBPARTS:
+            got = [(h.get("subparts_ms") or {}).get(k) for h in reps]
+            if all(got):
+                subs[k] = {"mean": statistics.mean(g["mean"] for g in got),
+                           "p50": statistics.median(g["p50"] for g in got)}
+        out.append({"subparts": subs, "config": c["config"], "input_len": c["input_len"],
+                    "max_concurrency": c.get("max_concurrency"),
+                    "reps": len(reps), "requests": sum(h.get("requests", 0) for h in reps),
+                    "complete": sum(h.get("complete", 0) for h in reps),
+                    "problems": sum(len(h.get("problems") or []) for h in reps),
+                    "ttft": t, "over_alone_ms": (t["mean"] - base["mean"]) if (t and base) else None,
+                    "alone": base, "parts": parts})
+    return out
+
+
+def handoff_markdown(doc):
+    """The handoff split table (issue 41 item 1): '' when no cell has the trace."""
+    rows = handoff_rows(doc)
+    if not rows:
+        return ""
+    shown = [k for k in PARTS if any(k in r["parts"] and r["parts"][k]["mean"] >= HIDE_MS for r in rows)]
+    hidden = [k for k in PARTS if k not in shown]
+    lines = ["## Where the P/D TTFT goes: the handoff split (HANDOFF_TRACE=1)", "",
+             "Mean ms per part over every request (the mean of the repetitions' means; p50 of the same "
+             "requests in brackets: the median of the repetitions' p50). pdtools/handoff.py says where each "
+             "part begins and ends.", "",
+             "| tokens × conc. | config | reps (requests) | mean TTFT ms | over prefill alone | "
+             + " | ".join(shown) + " |",
+             "|---|---|---|---|---|" + "---|" * len(shown)]
+    for r in rows:
+        t = r["ttft"]
+        lines.append("| %d × c%s | %s | %d (%d%s) | %s | %s | %s |" % (
+            r["input_len"], r["max_concurrency"] or "-", r["config"], r["reps"], r["requests"],
+            "" if r["complete"] == r["requests"] else ", %d complete" % r["complete"],
+            ("%.0f ± %.0f" % (t["mean"], t["std"])) if t else "—",
+            ("%+.0f (alone %.0f)" % (r["over_alone_ms"], r["alone"]["mean"])) if r["over_alone_ms"] is not None
+            else "—",
+            " | ".join(("%.1f (%.1f)" % (r["parts"][k]["mean"], r["parts"][k]["p50"])) if k in r["parts"] else "—"
+                       for k in shown)))
+    if hidden:
+        lines += ["", "Under %.1f ms in every cell, so not shown: %s." % (HIDE_MS, ", ".join(hidden))]
+    finer = [k for k in SUBPARTS if any(k in r["subparts"] for r in rows)]
+    if finer:
+        lines += ["", "p_answer and d_first_token split by vLLM's Scheduler events (first_run, first_out), "
+                      "mean (p50) ms:", "",
+                  "| tokens × conc. | config | " + " | ".join(finer) + " |", "|---|---|" + "---|" * len(finer)]
+        for r in rows:
+            if r["subparts"]:
+                lines.append("| %d × c%s | %s | %s |" % (
+                    r["input_len"], r["max_concurrency"] or "-", r["config"],
+                    " | ".join(("%.1f (%.1f)" % (r["subparts"][k]["mean"], r["subparts"][k]["p50"]))
+                               if k in r["subparts"] else "—" for k in finer)))
+    bad = sum(r["problems"] for r in rows)
+    lines += ["", "Requests with a part out of order (handoff.check): %d." % bad]
+    return "\n".join(lines) + "\n"
 
 
 def plot(doc, path):

@@ -1,6 +1,7 @@
 """The handoff split (issue 41 item 1): pdtools/handoff.py's join and parts (pure logic), and the
 lab's trace hook (experiments/negative_control/xlkv_handoff_trace.py) on a stand-in NixlConnector
-with the KV connector API's method names, in a subprocess.  The hook on real vLLM + NIXL:
+with the KV connector API's method names and a stand-in of vLLM's Scheduler (first_run, first_out), in a
+subprocess.  The hook on real vLLM + NIXL:
 tests/real/test_handoff_trace.py."""
 
 import json
@@ -158,3 +159,71 @@ def test_trace_hook_passes_through_and_writes_each_event(tmp_path):
     assert {x["engine"] for x in lines[1:] if x["req"] == "p1" and x["ev"] != "send_done"} == {"eng-p"}
     rows = handoff.split(lines, [])
     assert len(rows) == 1 and rows[0]["complete"] and handoff.check(rows) == []
+
+
+SCHED_STANDIN = r'''
+smod = types.ModuleType("vllm.v1.core.sched.scheduler")
+
+class SchedOut:
+    def __init__(self, counts): self.num_scheduled_tokens = counts
+
+class EngineOut:
+    def __init__(self, rid, toks): self.request_id, self.new_token_ids = rid, toks
+
+class Outs:
+    def __init__(self, outs): self.outputs = outs
+
+class Scheduler:
+    def __init__(self): self.plan = []
+    def schedule(self): return self.plan.pop(0)
+    def update_from_output(self, scheduler_output, model_output): return model_output
+
+smod.Scheduler = Scheduler
+sys.modules[smod.__name__] = smod
+import xlkv_handoff_trace as t
+'''
+SCHED_STEPS = r'''
+s = Scheduler()
+s.plan = [SchedOut({"x": 3}), SchedOut({"d1": 1, "x": 1}), SchedOut({"d1": 1})]
+s.schedule()                                   # d1 not in it: no line
+s.schedule()                                   # d1's first step with tokens: first_run (once)
+s.schedule()
+out = {0: Outs([EngineOut("x", [5]), EngineOut("d1", []), EngineOut("p1", [7])])}
+assert s.update_from_output(None, out) is out  # p1's token: first_out; d1 has none yet
+s.update_from_output(None, {0: Outs([EngineOut("d1", [9, 10])])})
+s.update_from_output(None, {0: Outs([EngineOut("d1", [11])])})   # not the first: no line
+s.update_from_output(None, None)               # unreadable: skipped, never raised
+print(json.dumps('''
+SCHED_HOOK = HOOK.replace("import xlkv_handoff_trace as t\n", SCHED_STANDIN, 1).replace("print(json.dumps(", SCHED_STEPS, 1)
+
+
+def test_trace_hook_times_the_first_token_on_the_scheduler(tmp_path):
+    """first_run (D: the first step after the read that computes the request) and first_out (P and D: the
+    first token handed to the frontend) on a stand-in of vLLM's Scheduler; each once per request."""
+    env = dict(os.environ, XLKV_TRACE_HANDOFF=str(tmp_path / "trace"))
+    r = subprocess.run([sys.executable, "-c", SCHED_HOOK, os.path.join(EXP, "negative_control")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = json.loads(r.stdout)
+    installed = [x for x in lines if x["ev"] == "installed"]
+    assert [x["wrapped"] for x in installed if "sched" in x["module"]] == [["schedule", "update_from_output"]]
+    tail = [(x["ev"], x["req"], x.get("engine"), x.get("tokens")) for x in lines if x["ev"] in ("first_run", "first_out")]
+    assert tail == [("first_run", "d1", "eng-d", 1), ("first_out", "p1", "eng-p", 1), ("first_out", "d1", "eng-d", 2)]
+    rows = handoff.split(lines, [])
+    sub = rows[0]["subparts_ms"]
+    assert sub["p_out"] is not None and sub["d_to_run"] >= 0 and sub["d_forward"] >= 0
+    assert sub["p_frontend"] is None and sub["d_frontend"] is None    # no proxy
+    assert set(handoff.summary(rows)["subparts_ms"]) == {"p_out", "d_to_run", "d_forward"}
+
+
+def test_subparts_add_up_to_p_answer_and_d_first_token():
+    ev = _events() + [dict(t=100.203, ev="first_out", req=P_ID, engine="P0"),
+                      dict(t=100.262, ev="first_run", req=D_ID, engine="D0"),
+                      dict(t=100.285, ev="first_out", req=D_ID, engine="D0")]
+    r = handoff.split(ev, [PROXY])[0]
+    sub = {k: round(v, 3) for k, v in r["subparts_ms"].items()}
+    assert sub == dict(p_out=3, p_frontend=12, d_to_run=2, d_forward=23, d_frontend=15)
+    assert round(sub["p_out"] + sub["p_frontend"], 3) == round(r["parts_ms"]["p_answer"], 3)
+    assert round(sub["d_to_run"] + sub["d_forward"] + sub["d_frontend"], 3) == round(r["parts_ms"]["d_first_token"], 3)
+    late = ev[:-1] + [dict(t=100.100, ev="first_out", req=D_ID, engine="D0")]   # before its read: out of order
+    assert any("d_forward" in p for p in handoff.check(handoff.split(late, [PROXY])))

@@ -155,3 +155,41 @@ def test_proxy_split_of_the_ttft(doc):
     merged = results.merge_results([{"cells": [cell]}, {"cells": [more]}])["cells"][0]
     assert merged["proxy_decode_first_ms"] == [190.0, 210.0, 300.0]
     assert merged["avg_proxy_decode_first_ms"] == pytest.approx(700.0 / 3)
+
+
+def _traced_cell(config, conc, ttfts, part_means, subs=None):
+    """A P/D cell whose repetitions carry the handoff trace's summary (pdtools/handoff.py's)."""
+    runs = [{"_run_id": "%s-%d" % (config, i), "mean_ttft_ms": t, "completed": 10, "failed": 0}
+            for i, t in enumerate(ttfts)]
+    px = []
+    for i, t in enumerate(ttfts):
+        h = {"requests": 10, "complete": 10, "problems": [],
+             "parts_ms": {k: ({"mean": v + i, "p50": v + 2 * i} if v >= 1 else {"mean": v, "p50": v})
+                          for k, v in part_means.items()}}
+        if subs:
+            h["subparts_ms"] = {k: {"mean": v, "p50": v} for k, v in subs.items()}
+        px.append({"handoff": h})
+    cell = results.cell_from_runs(config, 10240, 16, 10, runs, [None] * len(runs), [], QWEN3_BLOCK, px)
+    cell["max_concurrency"] = conc
+    return cell
+
+
+def test_handoff_table_means_p50s_and_the_overhead_over_prefill_alone():
+    parts = dict(proxy_to_p=0.01, p_admission=24.0, p_prefill=60.0, p_answer=30.0, proxy_to_d=0.02,
+                 d_admission=24.0, d_alloc=0.5, d_dispatch=0.6, transfer=4.0, d_notice=1.7, d_first_token=70.0)
+    shim = _traced_cell("shim", 1, [220.0, 230.0, 240.0], parts, dict(d_to_run=2.0, d_forward=40.0, d_frontend=28.0))
+    alone = _traced_cell("prefill_only", 1, [100.0, 110.0], {})
+    for c in (alone,):
+        c["handoff_trace"] = [None, None]
+    rows = report.handoff_rows({"cells": [alone, shim]})
+    assert [r["config"] for r in rows] == ["shim"]      # prefill_only has no split
+    r = rows[0]
+    assert r["over_alone_ms"] == pytest.approx(230.0 - 105.0) and (r["reps"], r["requests"]) == (3, 30)
+    assert r["parts"]["d_first_token"] == {"mean": pytest.approx(71.0), "p50": pytest.approx(72.0)}
+    md = report.handoff_markdown({"cells": [alone, shim]})
+    line = [l for l in md.splitlines() if l.startswith("| 10240 × c1 | shim |")][0]
+    assert "| 3 (30) | 230 ± 10 | +125 (alone 105) |" in line and "| 71.0 (72.0) |" in line
+    assert "not shown: proxy_to_p, proxy_to_d" in md                 # under 0.5 ms everywhere
+    assert "| 10240 × c1 | shim | 2.0 (2.0) | 40.0 (40.0) | 28.0 (28.0) |" in md
+    assert "handoff split" in report.markdown({"cells": [alone, shim]})
+    assert report.handoff_markdown({"cells": [alone]}) == ""

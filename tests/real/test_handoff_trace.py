@@ -2,9 +2,10 @@
 real vLLM + NIXL, per release: armed through the negative-control folder's sitecustomize as
 pdtools/pair.py arms it (HANDOFF_TRACE=1), it wraps every KV-connector method the release's
 NixlConnector has, changes no byte the harness moves, and writes the worker-side events of every
-request in the order a read goes through.  The scheduler-side events need vLLM's engine core (no
-CPU engine here): tests/experiments/test_handoff.py checks them on a stand-in, the GPU runs on
-the real one (experiments/results/*handoff*)."""
+request in the order a read goes through.  The scheduler-side events need vLLM's engine core (the
+harness has none): tests/experiments/test_handoff.py checks them on a stand-in;
+experiments/probes/engine_pd_cpu.py on two real engines on CPU (0.21.0, 0.29.0; not in CI); the GPU runs
+on the real one (experiments/results/*handoff*)."""
 
 import glob
 import json
@@ -15,6 +16,7 @@ import pytest
 from conftest import ROOT, harness, once_per_session, release_of
 
 NC_DIR = os.path.join(ROOT, "experiments", "negative_control")
+SCHED = "vllm.v1.core.sched.scheduler"
 #: the KV connector API's methods the trace wraps, and the releases that lack one
 ALWAYS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
           "update_connector_output", "request_finished", "start_load_kv", "get_finished")
@@ -34,8 +36,11 @@ def _traced(vllm_env, tmp_path, name, extra_env=None):
 def _check(vllm_env, res, lines):
     assert res["errors"] == [] and res["transfer_verified"] is True, res["errors"]
     assert "handoff trace: not installed" not in res["_log"] and "FAILED to arm" not in res["_log"], res["_log"][-3000:]
-    installed = [x for x in lines if x["ev"] == "installed"]
+    installed = [x for x in lines if x["ev"] == "installed" and x["module"] != SCHED]
     assert len(installed) == 2, installed  # P's rank and D's rank
+    # where a process imports vLLM's Scheduler, both methods the first-token events need are on it
+    for x in (x for x in lines if x["ev"] == "installed" and x["module"] == SCHED):
+        assert x["wrapped"] == ["schedule", "update_from_output"] and x["missing"] == [], x
     for x in installed:
         assert set(ALWAYS) <= set(x["wrapped"]), x
         assert set(x["missing"]) <= {"request_finished_all_groups", "get_transfer_results"}, x

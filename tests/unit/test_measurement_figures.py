@@ -12,10 +12,15 @@ import math
 import os
 import re
 import statistics
+import sys
 
 import pytest
 
 from xlkv_autopatch import releases
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "experiments"))
+from pdtools import report  # noqa: E402  (the handoff table: pdtools/report.py, tested in tests/experiments)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "experiments", "results")
@@ -281,6 +286,8 @@ TWO_STOCK = "2026-11-25-two-hosts-0.33.0-stock.json"
 TWO_XLKV = "2026-11-25-two-hosts-0.33.0-xlkv.json"
 TWO_DIES = "2026-11-25-two-hosts-0.21.0-stock-decode-dies.json"
 WHEEL_VENV = "2026-11-25-wheel-venv-status.json"
+HO = "2026-11-27b-0.33.0-2xH200-handoff.json"
+DC64C = "2026-11-27b-0.33.0-2xH200-decode-c64-stock-shim.json"
 
 
 # --------------------------------------------------------------------------- derived figures
@@ -827,6 +834,37 @@ MEASUREMENTS = [
               cell(B26R, "shim", 128, 1024)["reps"], f1(itl(cell(B26R, "shim", 128, 1024))),
               f1(itl(cell(B26R, "stock", 128, 1024))),
               ratio(ttft(cell(B26R, "stock", 128, 1024)), ttft(cell(B26R, "shim", 128, 1024))))),
+    # where the P/D handoff goes (issue 41 item 1)
+    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, `HANDOFF_TRACE=1`",
+     lambda: (cell(HO, "shim", 10, 10240)["block_size"], cell(HO, "shim", 10, 10240)["output_len"])),
+    ("(`proxy_to_p`, `proxy_to_d`) stayed under {} ms everywhere",
+     lambda: (report.HIDE_MS if "not shown: proxy_to_p, proxy_to_d." in report.handoff_markdown(load(HO)) else "?",)),
+    ("{}", lambda: (" ".join(l for l in report.handoff_markdown(load(HO)).splitlines() if re.match(r"\| \d", l)),)),
+    ("**One request at a time, {} tokens**: P/D costs {} ms (stock), {} (shim) and {} (`BLNHC`) over prefill alone. Of the shim's, D's admission (HTTP and "
+     "tokenising the prompt again on D) takes {} ms, the read itself (blocks, dispatch, transfer, notice) {} ms and "
+     "D's first token after the read {} ms (means). D's first token takes {} ms at {} tokens",
+     lambda: (10240, "%+.0f" % ho("stock", 10240, 1)["over_alone_ms"], "%+.0f" % ho("shim", 10240, 1)["over_alone_ms"],
+              "%+.0f" % ho("native", 10240, 1)["over_alone_ms"], f1(ho_part("shim", 10240, 1, "d_admission")),
+              f1(sum(ho_part("shim", 10240, 1, k) for k in ("d_alloc", "d_dispatch", "transfer", "d_notice"))),
+              f1(ho_part("shim", 10240, 1, "d_first_token")), f1(ho_part("shim", 1024, 1, "d_first_token")), 1024)),
+    ("act on `d_dispatch` and `d_notice`: {} ms together at one request at a time (shim), so no such switch can reach "
+     "the goal there. At {} and {} at a time they take {} ms and {} ms (shim, both lengths)",
+     lambda: (f1(ho_part("shim", 10240, 1, "d_dispatch") + ho_part("shim", 10240, 1, "d_notice")), 8, 64,
+              span([ho_part("shim", L, c, "d_dispatch") for L in (10240, 1024) for c in (8, 64)], f1),
+              span([ho_part("shim", L, c, "d_notice") for L in (10240, 1024) for c in (8, 64)], f1))),
+    ("**{} × {}**: vLLM's own `BLNHC` was ahead of the shim's `BHLNC`: mean TTFT {} vs {} ms, D's mean ITL {} vs {} ms, "
+     "D's admission {} vs {} ms and D's first token {} vs {} ms (means)",
+     lambda: (64, 10240, pm(cell(HO, "native", 64, 10240)), pm(cell(HO, "shim", 64, 10240)),
+              f1(itl(cell(HO, "native", 64, 10240))), f1(itl(cell(HO, "shim", 64, 10240))),
+              f1(ho_part("native", 10240, 64, "d_admission")), f1(ho_part("shim", 10240, 64, "d_admission")),
+              f1(ho_part("native", 10240, 64, "d_first_token")), f1(ho_part("shim", 10240, 64, "d_first_token")))
+     if ttft(cell(HO, "native", 64, 10240)) < ttft(cell(HO, "shim", 64, 10240)) else ("?",) * 10),
+    ("With {} repetitions each (a later lease, shim 4fe7eeb): mean TTFT stock {} ms ({}), shim {} ms ({}): {}; mean "
+     "ITL stock {} ms, shim {}; descriptors per block {} → {}",
+     lambda: (cell(DC64C, "shim", 64, 10240)["reps"], *stock_vs_shim(DC64C, 64, 10240),
+              f1(itl(cell(DC64C, "stock", 64, 10240))), f1(itl(cell(DC64C, "shim", 64, 10240))),
+              f1(cell(DC64C, "stock", 64, 10240)["descriptors_per_block"]),
+              f2(cell(DC64C, "shim", 64, 10240)["descriptors_per_block"]))),
 ]
 
 
@@ -901,6 +939,17 @@ DEPLOY = [
 ]
 
 
+def ho(config, length, conc):
+    """The handoff table's row (pdtools/report.handoff_rows) of one cell of the 0.33.0 handoff run."""
+    [r] = [r for r in report.handoff_rows(load(HO))
+           if (r["config"], r["input_len"], r["max_concurrency"]) == (config, length, conc)]
+    return r
+
+
+def ho_part(config, length, conc, part):
+    return ho(config, length, conc)["parts"][part]["mean"]
+
+
 def compat(case):
     [row] = [r for r in load("compat-matrix.json")["rows"] if r["vllm"] == "0.33.0"]
     return row["merged_descriptors"][case]
@@ -934,6 +983,7 @@ EXEMPT = [
     r"\b(?:P |D )?TP \d+(?: → (?:D TP )?\d+)?",
     r"Qwen3-0\.6B", r"Llama-3-8B", r"DeepSeek-V2", r"Gemma-3",
     r"\bissue \d+ item \d+",
+    r"#\d{4,5}\b",                               # vLLM PR and issue numbers
     r"goal ≤ \d+",                               # targets, not results
     r"exit 1 and a `problems` entry",            # status's exit code (its contract, tests/unit/test_status.py)
     r"not required to be 0",                     # the checker's rule
