@@ -12,7 +12,8 @@ after vLLM's register_kv_caches returned; nothing is corrupted unless XLKV_NEGAT
 
 With XLKV_TRACE_HANDOFF=<folder> (pdtools/pair.py, HANDOFF_TRACE=1, on P and D) it also arms the handoff
 trace (xlkv_handoff_trace.py): pass-through wrappers that write when each step of a request's P/D handoff
-happened; nothing of vLLM's behaviour changes.
+happened; nothing of vLLM's behaviour changes.  With XLKV_LAB_DETOK_TAIL=<n> (the lab's shim-detok config)
+it arms xlkv_detok_tail.py: the first-token detokenizer primed with the prompt's last n ids (a lab lever).
 """
 
 import os
@@ -42,6 +43,17 @@ def _arm_trace():
         sys.stderr.write("xlkv handoff trace: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
 
 
+def _arm_detok():
+    if not os.environ.get("XLKV_LAB_DETOK_TAIL"):
+        return
+    try:
+        import xlkv_detok_tail
+
+        xlkv_detok_tail.install()
+    except Exception as e:  # a lever that did not arm must be seen: the run would be stock's
+        sys.stderr.write("xlkv detok tail: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
+
+
 def _chain():
     """Import the sitecustomize this file shadows, through the checkout's own chain() (the
     checkout's sitecustomize.py, two folders up, loaded under another name so that it neither
@@ -63,4 +75,5 @@ def _chain():
 
 _arm()
 _arm_trace()
+_arm_detok()
 _chain()

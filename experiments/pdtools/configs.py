@@ -40,6 +40,9 @@ CONFIGS = {
                     {"ENABLE_XLKV": "true"}, "ucx", {}, [], [], ("shim",)),
     "shim-ids": ROW("the shim; the proxy gives D P's prompt token ids, not the text (a proxy-side lever)",
                     {"ENABLE_XLKV": "true"}, None, {}, [], ["--token-ids-to-d"], ("shim",)),
+    "shim-detok": ROW("the shim; P's and D's first-token detokenizer primed with the prompt's last 64 ids, not the "
+                      "whole prompt (a lab lever: negative_control/xlkv_detok_tail.py, XLKV_LAB_DETOK_TAIL)",
+                      {"ENABLE_XLKV": "true", "XLKV_LAB_DETOK_TAIL": "64"}, None, {}, [], [], ("shim",)),
     "shim-ray": ROW("the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker",
                     {"ENABLE_XLKV": "true"}, None, {"VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "ENABLE_XLKV"},
                     ["--distributed-executor-backend", "ray"], [], ("ray", "shim")),

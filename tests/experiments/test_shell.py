@@ -827,3 +827,27 @@ def test_sliding_window_hybrid_descriptors_are_per_block_id(tmp_path):
     assert stock["descriptors_per_block"] == pytest.approx(56)
     assert shim["kv_blocks_per_prompt"] == {"5": 6.0, "1000": 148.0}
     assert shim["kv"]["blocks_expected"] is None   # a prompt's length does not give a hybrid's blocks
+
+
+def test_detok_lever_config_arms_the_hook_on_p_and_d(tmp_path, monkeypatch):
+    """shim-detok (issue 41, a lab lever): the shim plus XLKV_LAB_DETOK_TAIL=64 on P and D, whose
+    negative-control folder (the hook that arms negative_control/xlkv_detok_tail.py) goes first on both
+    servers' PYTHONPATH; shim is unchanged."""
+    monkeypatch.setenv("SHIM_CHECK", "0")
+    assert _cfg("shim-detok")[0] == "ENABLE_XLKV=true XLKV_LAB_DETOK_TAIL=64"
+    assert _cfg("shim")[0] == "ENABLE_XLKV=true"
+    pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="shim-detok shim", INPUT_LENS="32", NUM_PROMPTS="2", REPS="1", WARMUP_PROMPTS="1",
+             RESULT_JSON=str(res), SHIM_CHECK="0")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cells = {c["config"]: c["commands"] for c in json.loads(res.read_text())["cells"]}
+    for side in ("P", "D"):
+        [lever] = [x for x in cells["shim-detok"] if x.startswith("%s[shim-detok]" % side)]
+        assert "XLKV_LAB_DETOK_TAIL=64" in lever and "PYTHONPATH=%s/negative_control" % EXP in lever, lever
+        [plain] = [x for x in cells["shim"] if x.startswith("%s[shim]" % side)]
+        assert "XLKV_LAB_DETOK_TAIL" not in plain, plain
+    # P has no registration report: the folder is on its path for the lever alone
+    assert "negative_control" not in [x for x in cells["shim"] if x.startswith("P[shim]")][0]

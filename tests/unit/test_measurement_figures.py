@@ -288,6 +288,7 @@ TWO_DIES = "2026-11-25-two-hosts-0.21.0-stock-decode-dies.json"
 WHEEL_VENV = "2026-11-25-wheel-venv-status.json"
 HO = "2026-11-27b-0.33.0-2xH200-handoff.json"
 DC64C = "2026-11-27b-0.33.0-2xH200-decode-c64-stock-shim.json"
+DETOK = "2026-11-27-detok-prime-cpu-0.29.0.json"
 
 
 # --------------------------------------------------------------------------- derived figures
@@ -840,6 +841,16 @@ MEASUREMENTS = [
     ("(`proxy_to_p`, `proxy_to_d`) stayed under {} ms everywhere",
      lambda: (report.HIDE_MS if "not shown: proxy_to_p, proxy_to_d." in report.handoff_markdown(load(HO)) else "?",)),
     ("{}", lambda: (" ".join(l for l in report.handoff_markdown(load(HO)).splitlines() if re.match(r"\| \d", l)),)),
+    ("primes the first-token detokenizer with the whole prompt and decodes it when the first token reaches the API "
+     "server: {} ms for {} prompt ids and {} ms for {} (`tokenizers` {}, the lab's word tokenizer; the last 64 ids: "
+     "{} ms). A real vLLM server on CPU, the whole prefix cached, streamed, {} alternated rounds: time to the first "
+     "byte at {} tokens {} ms (round medians) as shipped and {} ms with the lab lever `shim-detok`",
+     lambda: (f1(detok_row(10240)["whole_prompt_ms"]), 10240, f1(detok_row(32768)["whole_prompt_ms"]), 32768,
+              load(DETOK)["micro_decode_stream"]["tokenizers"], f2(detok_row(10240)["last_64_ms"]),
+              len(load(DETOK)["summary"]["10240-1 stock"]["round_medians_ms"]), 10240,
+              span(load(DETOK)["summary"]["10240-1 stock"]["round_medians_ms"], f1),
+              span(load(DETOK)["summary"]["10240-1 lever"]["round_medians_ms"], f1))
+     if load(DETOK)["lever_armed"] and load(DETOK)["same_text_with_and_without"] else ("?",) * 10),
     ("**One request at a time, {} tokens**: P/D costs {} ms (stock), {} (shim) and {} (`BLNHC`) over prefill alone. Of the shim's, D's admission (HTTP and "
      "tokenising the prompt again on D) takes {} ms, the read itself (blocks, dispatch, transfer, notice) {} ms and "
      "D's first token after the read {} ms (means). D's first token takes {} ms at {} tokens",
@@ -943,6 +954,11 @@ def ho(config, length, conc):
     """The handoff table's row (pdtools/report.handoff_rows) of one cell of the 0.33.0 handoff run."""
     [r] = [r for r in report.handoff_rows(load(HO))
            if (r["config"], r["input_len"], r["max_concurrency"]) == (config, length, conc)]
+    return r
+
+
+def detok_row(length):
+    [r] = [r for r in load(DETOK)["micro_decode_stream"]["rows"] if r["prompt_tokens"] == length]
     return r
 
 
