@@ -261,7 +261,9 @@ class Pair:
                     os.remove(self.d_reg_report)
                 envs.append(("XLKV_REGISTRATION_REPORT", self.d_reg_report))
         cmd = [self.settings.get("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host",
-               "127.0.0.1", "--port", str(port), "--enforce-eager", "--block-size", self.settings.get("BLOCK_SIZE"),
+               "127.0.0.1", "--port", str(port)] + (["--enforce-eager"] if self.settings.get("ENFORCE_EAGER") != "0"
+                                                     else []) + [
+               "--block-size", self.settings.get("BLOCK_SIZE"),
                "--gpu-memory-utilization", self.mem_util, "--max-model-len", self.settings.get("MAX_MODEL_LEN"),
                "--kv-transfer-config", kvcfg]
         if tp > 1:

@@ -45,6 +45,7 @@ DEFAULTS = {
     "READY_TIMEOUT": "600",           # seconds to wait for a server to answer /health
     "STOP_TIMEOUT": "30",
     "SERVE_EXTRA_ARGS": "",           # more `vllm serve` flags (word-split)
+    "ENFORCE_EAGER": "1",             # 0: the servers capture CUDA graphs (no --enforce-eager; a longer start)
     "MODEL_ARCH": "qwen3",            # family of the generated model (make_model.py --arch)
     "REG_REPORT": "1",                # D writes its registration report (bytes per block id)
     "HANDOFF_TRACE": "0",             # 1: P, D and the proxy trace each request's handoff (pdtools/handoff.py)

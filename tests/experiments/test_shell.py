@@ -530,6 +530,7 @@ def test_bench_concurrency_levels_are_cells_of_their_own_on_the_same_servers_wit
     work = tmp_path / "work"
     p_cmd = [x for x in (work / "commands.txt").read_text().splitlines() if x.startswith("P[stock]")]
     assert "XLKV_TRACE_HANDOFF=%s" % (work / "bench-stock-trace") in p_cmd[0] and "negative_control" in p_cmd[0]
+    assert "--enforce-eager" in p_cmd[0]      # the default (ENFORCE_EAGER unset)
     proxy = [json.loads(x) for x in (work / "bench-stock-trace" / "proxy.jsonl").read_text().splitlines()]
     assert len(proxy) == 2 * (1 + 3 + 3)  # per length: the warm-up and both levels
     assert [h["requests"] for h in cells[("stock", 1)]["handoff_trace"]] == [0]  # no engine lines: no D rows
@@ -829,21 +830,24 @@ def test_sliding_window_hybrid_descriptors_are_per_block_id(tmp_path):
     assert shim["kv"]["blocks_expected"] is None   # a prompt's length does not give a hybrid's blocks
 
 
-def test_detok_lever_config_arms_the_hook_on_p_and_d(tmp_path, monkeypatch):
+def test_detok_lever_config_arms_the_hook_on_p_and_d_and_cuda_graphs_on_request(tmp_path, monkeypatch):
     """shim-detok (issue 41, a lab lever): the shim plus XLKV_LAB_DETOK_TAIL=64 on P and D, whose
     negative-control folder (the hook that arms negative_control/xlkv_detok_tail.py) goes first on both
-    servers' PYTHONPATH; shim is unchanged."""
+    servers' PYTHONPATH; shim is unchanged.  ENFORCE_EAGER=0: the servers start without --enforce-eager
+    (the default keeps it)."""
     monkeypatch.setenv("SHIM_CHECK", "0")
     assert _cfg("shim-detok")[0] == "ENABLE_XLKV=true XLKV_LAB_DETOK_TAIL=64"
     assert _cfg("shim")[0] == "ENABLE_XLKV=true"
     pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
     res = tmp_path / "results" / "r.json"
     e = _env(tmp_path, CONFIGS="shim-detok shim", INPUT_LENS="32", NUM_PROMPTS="2", REPS="1", WARMUP_PROMPTS="1",
-             RESULT_JSON=str(res), SHIM_CHECK="0")
+             RESULT_JSON=str(res), SHIM_CHECK="0", ENFORCE_EAGER="0")
     r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cells = {c["config"]: c["commands"] for c in json.loads(res.read_text())["cells"]}
+    servers = [x for cmds in cells.values() for x in cmds if x[:2] in ("P[", "D[")]
+    assert len(servers) == 4 and not any("--enforce-eager" in x for x in servers), servers
     for side in ("P", "D"):
         [lever] = [x for x in cells["shim-detok"] if x.startswith("%s[shim-detok]" % side)]
         assert "XLKV_LAB_DETOK_TAIL=64" in lever and "PYTHONPATH=%s/negative_control" % EXP in lever, lever
