@@ -43,6 +43,10 @@ CONFIGS = {
     "shim-detok": ROW("the shim; P's and D's first-token detokenizer primed with the prompt's last 64 ids, not the "
                       "whole prompt (a lab lever: negative_control/xlkv_detok_tail.py, XLKV_LAB_DETOK_TAIL)",
                       {"ENABLE_XLKV": "true", "XLKV_LAB_DETOK_TAIL": "64"}, None, {}, [], [], ("shim",)),
+    "shim-ids-detok": ROW("shim-ids and shim-detok together: D gets P's prompt token ids, and P's and D's first-token "
+                          "detokenizer is primed with the prompt's last 64 ids (both lab levers)",
+                          {"ENABLE_XLKV": "true", "XLKV_LAB_DETOK_TAIL": "64"}, None, {}, [], ["--token-ids-to-d"],
+                          ("shim",)),
     "shim-ray": ROW("the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker",
                     {"ENABLE_XLKV": "true"}, None, {"VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "ENABLE_XLKV"},
                     ["--distributed-executor-backend", "ray"], [], ("ray", "shim")),

@@ -838,6 +838,8 @@ def test_detok_lever_config_arms_the_hook_on_p_and_d_and_cuda_graphs_on_request(
     monkeypatch.setenv("SHIM_CHECK", "0")
     assert _cfg("shim-detok")[0] == "ENABLE_XLKV=true XLKV_LAB_DETOK_TAIL=64"
     assert _cfg("shim")[0] == "ENABLE_XLKV=true"
+    both = _cfg("shim-ids-detok")
+    assert (both[0], both[4]) == ("ENABLE_XLKV=true XLKV_LAB_DETOK_TAIL=64", "--token-ids-to-d")
     pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
     res = tmp_path / "results" / "r.json"
     e = _env(tmp_path, CONFIGS="shim-detok shim", INPUT_LENS="32", NUM_PROMPTS="2", REPS="1", WARMUP_PROMPTS="1",
