@@ -212,21 +212,6 @@ def _scheduler_wrapper(attr):
     return wrapper
 
 
-def _patch_scheduler(module):
-    import wrapt
-
-    cls = getattr(module, "Scheduler", None)
-    if cls is None or getattr(cls, MARK, False):
-        return
-    wrapped, missing = [], []
-    for attr in SCHED_METHODS:
-        if not callable(getattr(cls, attr, None)):
-            missing.append(attr)
-            continue
-        setattr(cls, attr, wrapt.FunctionWrapper(getattr(cls, attr), _scheduler_wrapper(attr)))
-        wrapped.append(attr)
-    setattr(cls, MARK, True)
-    _write("installed", module=module.__name__, wrapped=wrapped, missing=missing)
 
 
 def _arg(args, kwargs, i, name):
@@ -280,22 +265,30 @@ def _wrapper(attr):
     return _load if attr == "start_load_kv" else _after(AFTER[attr])
 
 
-def _patch(module):
+def _patch_class(module, name, attrs, make_wrapper):
+    """Wrap ``attrs`` of ``module.name`` on that class itself (an inherited method gets an override there:
+    other classes stay untouched), once; one ``installed`` line names what was wrapped and what is missing."""
     import wrapt
 
-    cls = getattr(module, "NixlConnector", None)
+    cls = getattr(module, name, None)
     if cls is None or getattr(cls, MARK, False):
         return
     wrapped, missing = [], []
-    for attr in SCHEDULER + WORKER:
+    for attr in attrs:
         if not callable(getattr(cls, attr, None)):
             missing.append(attr)
             continue
-        # on NixlConnector itself (an inherited method gets an override there): other connectors untouched
-        setattr(cls, attr, wrapt.FunctionWrapper(getattr(cls, attr), _wrapper(attr)))
+        setattr(cls, attr, wrapt.FunctionWrapper(getattr(cls, attr), make_wrapper(attr)))
         wrapped.append(attr)
     setattr(cls, MARK, True)
     _write("installed", module=module.__name__, wrapped=wrapped, missing=missing)
+
+
+def _patch(module):
+    if module.__name__ == SCHED_MODULE:
+        _patch_class(module, "Scheduler", SCHED_METHODS, _scheduler_wrapper)
+    else:
+        _patch_class(module, "NixlConnector", SCHEDULER + WORKER, _wrapper)
 
 
 def install():
@@ -308,7 +301,7 @@ def install():
 
     def hook(module):
         try:
-            (_patch_scheduler if module.__name__ == SCHED_MODULE else _patch)(module)
+            _patch(module)
         except Exception as e:  # noqa: BLE001 - say it; never stop vLLM for a trace
             sys.stderr.write("xlkv handoff trace: not installed on %s (%s: %s)\n"
                              % (module.__name__, type(e).__name__, e))
