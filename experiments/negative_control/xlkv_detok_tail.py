@@ -5,7 +5,9 @@ Why: since vLLM PR #34217 (every release here from 0.21.0 on; 0.14.1 primed 4-24
 (``DecodeStream(ids=request.prompt_token_ids)``), and the stream decodes that prefix on its first
 ``step()``: when the first generated token reaches the API server.  That is O(prompt length) on
 the TTFT path of every request, paid by P for its answer and by D for its first token
-(experiments/results/2026-11-27-detok-prime-cpu.json; upstream PRs #51281 and #57330, open, cap it).
+(found in a profile of vLLM 0.29.0's API server on CPU, 373 of 524 samples in that step at 10240 prompt
+tokens: experiments/results/2026-11-27-api-server-profile-cpu-0.29.0.txt; measured:
+2026-11-27-detok-prime-cpu-0.29.0.json; upstream PRs #51281 and #57330, open, cap it).
 
 How: armed by this folder's sitecustomize.py when ``XLKV_LAB_DETOK_TAIL=<n>`` is set (the lab's
 ``shim-detok`` config).  After vLLM's own ``__init__`` ran, the stream is rebuilt with the last ``n``

