@@ -857,3 +857,20 @@ def test_detok_lever_config_arms_the_hook_on_p_and_d_and_cuda_graphs_on_request(
         assert "XLKV_LAB_DETOK_TAIL" not in plain, plain
     # P has no registration report: the folder is on its path for the lever alone
     assert "negative_control" not in [x for x in cells["shim"] if x.startswith("P[shim]")][0]
+
+
+def test_a_config_named_twice_alternates_and_its_cell_gains_repetitions(tmp_path):
+    """The next lease alternates configs by naming them again (CONFIGS="stock shim stock", REPS=1): each name
+    starts its own servers, in that order, and the repeated config's cell holds both repetitions."""
+    pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="stock shim stock", INPUT_LENS="32", NUM_PROMPTS="2", REPS="1", WARMUP_PROMPTS="1",
+             RESULT_JSON=str(res), SHIM_CHECK="0")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    starts = re.findall(r"start P\[(\w+)\]", r.stderr)
+    assert starts == ["stock", "shim", "stock"], starts
+    cells = {c["config"]: c for c in json.loads(res.read_text())["cells"]}
+    assert (cells["stock"]["reps"], cells["shim"]["reps"]) == (2, 1)
+    assert len(set(cells["stock"]["run_ids"])) == 2
