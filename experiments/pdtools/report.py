@@ -45,13 +45,18 @@ def _order(cfg):
     return (CONFIG_ORDER.index(cfg) if cfg in CONFIG_ORDER else len(CONFIG_ORDER), cfg)
 
 
+def _compared(c):
+    """Cells compared with each other (a config against stock, against prefill alone): same length, state
+    and client concurrency."""
+    return c["input_len"], c.get("state") or "fresh", c.get("max_concurrency")
+
+
 def rows(doc):
     """Table rows: dicts with the numbers of each (input_len, config) cell."""
     out = []
     cells = sorted(doc.get("cells", []), key=lambda c: (c.get("input_len") or 0, c.get("max_concurrency") or 0,
                                                          _order(c.get("config"))))
-    def key(c):  # cells compared with each other: same length, state and client concurrency
-        return c["input_len"], c.get("state") or "fresh", c.get("max_concurrency")
+    key = _compared
     stock = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
     alone = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "prefill_only"}
     for c in cells:
@@ -188,27 +193,15 @@ def handoff_rows(doc):
     repetitions), P/D over prefill alone (same length and concurrency), and per part of pdtools/handoff.py's
     split the mean and the p50 in ms.  Mean: the mean over repetitions of each repetition's mean over its
     requests (the parts' means add up to the proxy's mean total); p50: the median of the repetitions' p50."""
-    alone = {(c["input_len"], c.get("max_concurrency")): stats(c.get("mean_ttft_ms"))
-             for c in doc.get("cells", []) if c.get("config") == "prefill_only"}
+    alone = {_compared(c): stats(c.get("mean_ttft_ms")) for c in doc.get("cells", []) if c.get("config") == "prefill_only"}
     out = []
     for c in sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
                                                          _order(c.get("config")))):
         reps = [h for h in (c.get("handoff_trace") or []) if h and h.get("parts_ms")]
         if not reps:
             continue
-        t, base = stats(c.get("mean_ttft_ms")), alone.get((c["input_len"], c.get("max_concurrency")))
-        parts = {}
-        for k in PARTS:
-            got = [h["parts_ms"][k] for h in reps if k in h["parts_ms"]]
-            if len(got) == len(reps):
-                parts[k] = {"mean": statistics.mean(g["mean"] for g in got),
-                            "p50": statistics.median(g["p50"] for g in got)}
-        subs = {}
-        for k in SUBPARTS:
-            got = [(h.get("subparts_ms") or {}).get(k) for h in reps]
-            if all(got):
-                subs[k] = {"mean": statistics.mean(g["mean"] for g in got),
-                           "p50": statistics.median(g["p50"] for g in got)}
+        t, base = stats(c.get("mean_ttft_ms")), alone.get(_compared(c))
+        parts, subs = _pooled(reps, "parts_ms", PARTS), _pooled(reps, "subparts_ms", SUBPARTS)
         out.append({"subparts": subs, "config": c["config"], "input_len": c["input_len"],
                     "max_concurrency": c.get("max_concurrency"),
                     "reps": len(reps), "requests": sum(h.get("requests", 0) for h in reps),
@@ -216,6 +209,17 @@ def handoff_rows(doc):
                     "problems": sum(len(h.get("problems") or []) for h in reps),
                     "ttft": t, "over_alone_ms": (t["mean"] - base["mean"]) if (t and base) else None,
                     "alone": base, "parts": parts})
+    return out
+
+
+def _pooled(reps, field, names):
+    """name -> {mean: mean of the repetitions' means, p50: median of their p50s}, for the names every
+    repetition's ``field`` has."""
+    out = {}
+    for k in names:
+        got = [(h.get(field) or {}).get(k) for h in reps]
+        if all(got):
+            out[k] = {"mean": statistics.mean(g["mean"] for g in got), "p50": statistics.median(g["p50"] for g in got)}
     return out
 
 

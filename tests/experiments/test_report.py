@@ -193,3 +193,6 @@ def test_handoff_table_means_p50s_and_the_overhead_over_prefill_alone():
     assert "| 10240 × c1 | shim | 2.0 (2.0) | 40.0 (40.0) | 28.0 (28.0) |" in md
     assert "handoff split" in report.markdown({"cells": [alone, shim]})
     assert report.handoff_markdown({"cells": [alone]}) == ""
+    # a fragmented cell is not compared with a fresh prefill alone (report.rows' rule)
+    frag = dict(shim, state="fragmented")
+    assert report.handoff_rows({"cells": [alone, frag]})[0]["over_alone_ms"] is None
