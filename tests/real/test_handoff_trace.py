@@ -3,7 +3,8 @@ real vLLM + NIXL, per release: armed through the negative-control folder's sitec
 pdtools/pair.py arms it (HANDOFF_TRACE=1), it wraps every KV-connector method the release's
 NixlConnector has, changes no byte the harness moves, and writes the worker-side events of every
 request in the order a read goes through.  The scheduler-side events need vLLM's engine core (the
-harness has none): tests/experiments/test_handoff.py checks them on a stand-in;
+harness has none): here only that the trace wraps vLLM's real Scheduler on every release;
+tests/experiments/test_handoff.py checks the events on a stand-in;
 experiments/probes/engine_pd_cpu.py on two real engines on CPU (0.21.0, 0.29.0; not in CI); the GPU runs
 on the real one (experiments/results/*handoff*)."""
 
@@ -13,7 +14,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, harness, once_per_session, release_of
+from conftest import ROOT, harness, once_per_session, release_of, run_in
 
 NC_DIR = os.path.join(ROOT, "experiments", "negative_control")
 SCHED = "vllm.v1.core.sched.scheduler"
@@ -67,3 +68,17 @@ def test_trace_beside_the_shim(vllm_env, tmp_path):
     res, lines = _traced(vllm_env, tmp_path, "traced-xlkv", {"ENABLE_XLKV": "true"})
     assert res["cross_layer"] is True, res
     _check(vllm_env, res, lines)
+
+
+def test_trace_wraps_vllms_scheduler(vllm_env, tmp_path):
+    """The first-token events (first_run, first_out) wrap vLLM's own Scheduler.schedule and update_from_output,
+    on every release: the harness above imports the Scheduler on 0.33.0 only, so this imports it itself."""
+    folder = tmp_path / "trace"
+    code = ("import vllm.v1.core.sched.scheduler as m; "
+            "print(' '.join(type(vars(m.Scheduler)[a]).__name__ for a in ('schedule', 'update_from_output')))")
+    r = run_in(vllm_env[1], ["-c", code], env={"PYTHONPATH": NC_DIR, "XLKV_TRACE_HANDOFF": str(folder)}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-2:] == ["FunctionWrapper", "FunctionWrapper"], r.stdout[-500:]
+    lines = [json.loads(x) for path in glob.glob(str(folder / "trace-*.jsonl")) for x in open(path) if x.strip()]
+    [mine] = [x for x in lines if x["ev"] == "installed" and x["module"] == SCHED]
+    assert mine["wrapped"] == ["schedule", "update_from_output"] and mine["missing"] == [], mine
