@@ -32,26 +32,15 @@ def _arm():
         sys.stderr.write("xlkv negative control: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
 
 
-def _arm_trace():
-    if not os.environ.get("XLKV_TRACE_HANDOFF"):
+def _arm_if(env, module, what):
+    """Arm the lab hook ``module`` (its install()) where ``env`` is set; one that does not arm must be seen,
+    not mistaken for a run without it."""
+    if not os.environ.get(env):
         return
     try:
-        import xlkv_handoff_trace
-
-        xlkv_handoff_trace.install()
-    except Exception as e:  # a missing trace must be seen, not mistaken for a run without events
-        sys.stderr.write("xlkv handoff trace: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
-
-
-def _arm_detok():
-    if not os.environ.get("XLKV_LAB_DETOK_TAIL"):
-        return
-    try:
-        import xlkv_detok_tail
-
-        xlkv_detok_tail.install()
-    except Exception as e:  # a lever that did not arm must be seen: the run would be stock's
-        sys.stderr.write("xlkv detok tail: FAILED to arm (%s: %s)\n" % (type(e).__name__, e))
+        __import__(module).install()
+    except Exception as e:
+        sys.stderr.write("xlkv %s: FAILED to arm (%s: %s)\n" % (what, type(e).__name__, e))
 
 
 def _chain():
@@ -74,6 +63,6 @@ def _chain():
 
 
 _arm()
-_arm_trace()
-_arm_detok()
+_arm_if("XLKV_TRACE_HANDOFF", "xlkv_handoff_trace", "handoff trace")
+_arm_if("XLKV_LAB_DETOK_TAIL", "xlkv_detok_tail", "detok tail")
 _chain()

@@ -17,8 +17,9 @@ decoders strip its leading space) and does not end inside a UTF-8 character (suc
 vLLM's stream, whatever vLLM does with it: vLLM issue #48853).  Every later step is vLLM's.  Nothing else is touched.
 
 The text it gives equals vLLM's: tests/experiments/test_detok_tail.py compares both, token by
-token, on a byte-level BPE, a Metaspace (SentencePiece-like) and the lab's word tokenizer, with
-prompts cut inside multi-byte characters.
+token, on a byte-level BPE and a Metaspace (SentencePiece-like) BPE trained there, with prompts cut
+inside multi-byte characters; probes/detok_prime_cpu.py compares the answers of a real vLLM server with
+the lab's word tokenizer.
 """
 
 import os
@@ -32,7 +33,7 @@ REPLACEMENT = "\ufffd"
 
 def tail_stream(tokenizer, prompt_ids, skip_special_tokens, n):
     """A DecodeStream primed with the last ``n`` of ``prompt_ids``, or None where the whole prompt
-    must stay (too short, or the tail's text ends inside a character)."""
+    must stay (too short; the tail's text empty or ending inside a character)."""
     from tokenizers.decoders import DecodeStream
 
     if not prompt_ids or n <= 0 or len(prompt_ids) <= n:

@@ -142,8 +142,8 @@ def split(events, proxy_records=(), window=None):
                "d_to_run": _ms(d.get("noticed_recv"), d.get("first_run")),
                "d_forward": _ms(d.get("first_run"), d.get("first_out")),
                "d_frontend": _ms(d.get("first_out"), px.get("t_d_first"))}
-        row = {"subparts_ms": sub, "d_request": rid, "p_request": d.get("remote"), "rid": px.get("rid"), "ranks": len(d["ranks"]),
-               "prompt_tokens": d.get("prompt_tokens"), "parts_ms": parts,
+        row = {"d_request": rid, "p_request": d.get("remote"), "rid": px.get("rid"), "ranks": len(d["ranks"]),
+               "prompt_tokens": d.get("prompt_tokens"), "parts_ms": parts, "subparts_ms": sub,
                "read_posting_ms": _ms(d.get("read_start_first"), d.get("read_posted_last")),
                "total_ms": _ms(px.get("t_in"), px.get("t_d_first")),
                "engine_total_ms": _ms(p.get("sched"), d.get("noticed_recv"))}
