@@ -117,8 +117,15 @@ class Proxy:
         self.stats = {"requests": 0, "errors": 0}
         self.split = []  # (P's answer ms, D's first byte ms) per finished request since the reset
 
+    #: seconds an idle connection to P or D is kept for reuse: under the servers' own keep-alive (uvicorn's
+    #: default, vLLM's too, is 5 s).  aiohttp's default (15 s) reused a connection the server was closing
+    #: just then: on 2026-11-27 (logs-2026-11-27e-2xH200-handoff-ab) one request failed with "Server
+    #: disconnected", sent 5.0 s after the warm-up's last one
+    KEEPALIVE_S = 2.0
+
     async def start(self, app):
-        self.session = aiohttp.ClientSession(timeout=self.timeout)
+        self.session = aiohttp.ClientSession(timeout=self.timeout,
+                                             connector=aiohttp.TCPConnector(keepalive_timeout=self.KEEPALIVE_S))
         if self.trace_path:
             self.trace = open(self.trace_path, "a", buffering=1)
 

@@ -45,6 +45,9 @@ class ReleaseFacts:
     #: a KV connector turns vLLM's hybrid KV cache manager off by default, so a sliding-window
     #: hybrid is planned as one KV cache group (0.12-0.21)
     connector_turns_hma_off: bool = False
+    #: FastIncrementalDetokenizer primes its DecodeStream with the whole prompt, decoded when the first
+    #: token reaches the API server (0.17+): what XLKV_DETOK_TAIL shortens
+    detokenizer_primes_prompt: bool = False
 
 
 def facts_for(release):
@@ -64,6 +67,7 @@ def facts_for(release):
         packed_groups=row.packed,
         mla_cross_layer_backends=releases.MLA_BACKENDS[row.mla] if row.mla else (),
         connector_turns_hma_off=row.hma_off,
+        detokenizer_primes_prompt=row.prime,
     )
 
 

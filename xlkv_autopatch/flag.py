@@ -1,19 +1,22 @@
 """Every on/off environment variable of the shim (its *knobs*), parsed by one function.
 Standard library only: vLLM's plugin loader imports this with the flag off.
 
-=============  =======  ==================================================================
-knob           default  what "on" means
-=============  =======  ==================================================================
-ENABLE_XLKV    off      the cross-layer KV layout (set it on prefill and decode alike)
-XLKV_COALESCE  on       a cross-layer worker lists each NIXL transfer's descriptor pairs
-                        in ascending local block order (patches/transfer_order.py)
-XLKV_STRICT    off      a configuration that keeps the stock layout is an error, not a
-                        WARNING
-XLKV_EQUAL_TP  off      every peer runs this engine's tensor-parallel size: vLLM 0.12-0.28
-                        keep cross-layer blocks that cannot be sliced by KV heads (a peer at
-                        another TP size is then refused); off, such an engine keeps the
-                        stock layout so that every TP pairing is served
-=============  =======  ==================================================================
+===============  =======  ================================================================
+knob             default  what "on" means
+===============  =======  ================================================================
+ENABLE_XLKV      off      the cross-layer KV layout (set it on prefill and decode alike)
+XLKV_COALESCE    on       a cross-layer worker lists each NIXL transfer's descriptor pairs
+                          in ascending local block order (patches/transfer_order.py)
+XLKV_STRICT      off      a configuration that keeps the stock layout is an error, not a
+                          WARNING
+XLKV_EQUAL_TP    off      every peer runs this engine's tensor-parallel size: vLLM 0.12-0.28
+                          keep cross-layer blocks that cannot be sliced by KV heads (a peer at
+                          another TP size is then refused); off, such an engine keeps the
+                          stock layout so that every TP pairing is served
+XLKV_DETOK_TAIL  off      the API server decodes each request's first token against the
+                          prompt's last 64 token ids, not the whole prompt (vLLM 0.17+; the
+                          same text: patches/incremental_detokenizer.py); needs ENABLE_XLKV
+===============  =======  ================================================================
 
 Each knob accepts 1/true/yes/on, 0/false/no/off (case-insensitive, blanks around ignored),
 or unset/empty for its default.  Any other value is an error naming the knob, the value
@@ -50,6 +53,9 @@ KNOBS = (
     Knob("XLKV_EQUAL_TP", False, "cross-layer blocks that serve equal TP sizes only (vLLM 0.12-0.28)",
          "set XLKV_EQUAL_TP=true where every peer runs this engine's tensor-parallel size, or unset it so that "
          "any prefill/decode TP pairing is served."),
+    Knob("XLKV_DETOK_TAIL", False, "the first token decoded against the prompt's last 64 ids (vLLM 0.17+)",
+         "set XLKV_DETOK_TAIL=true to decode each request's first token against the prompt's last 64 token ids, "
+         "or unset it for vLLM's whole-prompt priming."),
 )
 _BY_NAME = {k.name: k for k in KNOBS}
 

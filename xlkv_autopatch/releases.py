@@ -101,30 +101,33 @@ MULTIS = ("backport", "warn")
 #   hma_off    any KV connector turns vLLM's hybrid KV cache manager off unless the user keeps it
 #              (config/vllm.py: "turn HMA off for connector"), so a sliding-window hybrid is planned as
 #              one KV cache group; from 0.22 only connectors without SupportsHMA do, and NIXL has it
+#   prime      FastIncrementalDetokenizer primes its tokenizers DecodeStream with the whole prompt, decoded
+#              when the first token reaches the API server (0.17+; read from each release's wheel): the
+#              XLKV_DETOK_TAIL switch primes it with the prompt's tail (patches/incremental_detokenizer.py)
 TABLE = """
-release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla       hma_off
-0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -         yes
-0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -         yes
-0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
-0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
-0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
-0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -         yes
-0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -         yes
-0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -         yes
-0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -         yes
-0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -         yes
-0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -         no
-0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -         no
-0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -         no
-0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -         no
-0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no
-0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no
-0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no
-0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
-0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
-0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
-0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
-0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -         no
+release mechanism nixl    prefer        hash      hs_hash finished runner_v1 multi    budget fa_heads backends     recv_lookup kv_split packed mla                hma_off prime
+0.12    backport  module  classvar      -         no      yes      no        backport no     yes      fa+fi        yes         yes      no     -                  yes     no
+0.13    backport  module  classvar      -         yes     yes      no        backport no     yes      fa+fi        yes         yes      no     -                  yes     no
+0.14    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -                  yes     no
+0.15    backport  module  base-property -         yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -                  yes     no
+0.16    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -                  yes     no
+0.17    native    module  property      flag      yes     yes      no        warn     no     yes      fa+fi        yes         yes      no     -                  yes     yes
+0.18    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -                  yes     yes
+0.19    native    module  property      flag      yes     yes      no        warn     yes    yes      fa+fi        yes         yes      no     -                  yes     yes
+0.20    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -                  yes     yes
+0.21    native    package property      flag      yes     yes      no        warn     yes    yes      fa+fi+triton yes         yes      no     -                  yes     yes
+0.22    native    package property      flag      yes     yes      yes       warn     yes    yes      fa+fi+triton no          yes      no     -                  no      yes
+0.23    native    package property      flag      yes     yes      yes       warn     yes    no       fa+fi+triton no          yes      no     -                  no      yes
+0.24    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -                  no      yes
+0.25    native    base    property      flag      yes     no       yes       warn     yes    no       fa+fi+triton no          yes      yes    -                  no      yes
+0.26    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no      yes
+0.27    native    base    property      flag      yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no      yes
+0.28    native    base    property      flag+mode yes     no       yes       warn     yes    yes      fa+fi+triton no          no       yes    fa+flashmla+triton no      yes
+0.29    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -                  no      yes
+0.30    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -                  no      yes
+0.31    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -                  no      yes
+0.32    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -                  no      yes
+0.33    layout    base    -             mode      yes     no       no        -        yes    no       fa+fi+triton no          no       no     -                  no      yes
 """
 
 
@@ -149,6 +152,7 @@ class Release:
     packed: bool
     mla: Optional[str]
     hma_off: bool
+    prime: bool
 
     def __post_init__(self):
         allowed = {"mechanism": MECHANISMS, "nixl": tuple(HOMES), "prefer": PREFERS + (None,),

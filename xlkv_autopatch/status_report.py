@@ -185,6 +185,30 @@ def _span_of(predicate):
     return ", ".join(rs[0].release if len(rs) == 1 else "%s-%s" % (rs[0].release, rs[-1].release) for rs in rows)
 
 
+def switches(f, flag_state_, environ=None):
+    """What each switch that shortens the P/D handoff does on the release of facts ``f``: one dict per switch,
+    ``{"name", "state", "does"}``, the knob's state as parsed and a sentence for this release and flag."""
+    from . import prompt_tail
+    from .patches import incremental_detokenizer as detok
+
+    rel, state = _release_text(f), knob_state(detok.KNOB, environ)
+    if not f.detokenizer_primes_prompt:
+        does = ("nothing on vLLM %s: its detokenizer primes no prompt (vLLM %s prime the whole prompt; nothing is "
+                "wrapped here)" % (rel, _span_of(lambda x: x.detokenizer_primes_prompt)))
+    elif state == "on" and flag_state_ == "on":
+        does = ("each request's first token is decoded against the prompt's last %d token ids, not the whole prompt "
+                "as vLLM %s does (on the API server: P's answer and D's first token alike); the same text: where the "
+                "tail could change a character, vLLM's priming is kept" % (prompt_tail.TAIL_IDS, rel))
+    elif state == "on":
+        does = "nothing: ENABLE_XLKV is not on, so the shim is not active (set ENABLE_XLKV=true too)"
+    elif state == "off":
+        does = ("off: vLLM %s decodes the whole prompt when each request's first token reaches the API server "
+                "(set %s=true to decode it against the prompt's last %d ids)" % (rel, detok.KNOB, prompt_tail.TAIL_IDS))
+    else:
+        does = "not recognised (see the knob's error)"
+    return [{"name": detok.KNOB, "state": state, "does": does}]
+
+
 def runtime_refusals(f):
     """What the shim refuses at run time on the release of facts ``f`` (ENABLE_XLKV on; the request or
     the engine start fails with the cause and the fix), each derived from the release's facts."""
@@ -309,6 +333,7 @@ def _collect_patches(out, resolve):
     if version is not None and out["supported"]:
         f = facts.facts_for(version)
         out["runtime_refusals"] = runtime_refusals(f)
+        out["switches"] = switches(f, state)
         explicit = explicit_layout_problem(f, state)
         if explicit:
             (problems if explicit.startswith("XLKV_STRICT") else out["notes"]).append(explicit)
@@ -472,6 +497,8 @@ def render(info):
     if info["activation"].get("start_up_refusal"):
         lines.append("this process's start-up hook refused to activate (every import of vLLM raised it; status lifted "
                      "it to look further): %s" % info["activation"]["start_up_refusal"])
+    for sw in info.get("switches", []):
+        lines.append("switch %s on vLLM %s: %s" % (sw["name"], info["vllm"], sw["does"]))
     if info.get("runtime_refusals"):
         lines.append("refused at run time on vLLM %s with ENABLE_XLKV on (each names its cause and fix):" % info["vllm"])
         lines.extend("  - %s" % r for r in info["runtime_refusals"])

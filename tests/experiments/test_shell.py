@@ -830,16 +830,15 @@ def test_sliding_window_hybrid_descriptors_are_per_block_id(tmp_path):
     assert shim["kv"]["blocks_expected"] is None   # a prompt's length does not give a hybrid's blocks
 
 
-def test_detok_lever_config_arms_the_hook_on_p_and_d_and_cuda_graphs_on_request(tmp_path, monkeypatch):
-    """shim-detok (issue 41, a lab lever): the shim plus XLKV_LAB_DETOK_TAIL=64 on P and D, whose
-    negative-control folder (the hook that arms negative_control/xlkv_detok_tail.py) goes first on both
-    servers' PYTHONPATH; shim is unchanged.  ENFORCE_EAGER=0: the servers start without --enforce-eager
-    (the default keeps it)."""
+def test_detok_config_sets_the_switch_on_p_and_d_and_cuda_graphs_on_request(tmp_path, monkeypatch):
+    """shim-detok (issue 41): the shim plus its XLKV_DETOK_TAIL switch on P and D (no lab hook: the switch is the
+    package's); shim is unchanged.  ENFORCE_EAGER=0: the servers start without --enforce-eager (the default
+    keeps it)."""
     monkeypatch.setenv("SHIM_CHECK", "0")
-    assert _cfg("shim-detok")[0] == "ENABLE_XLKV=true XLKV_LAB_DETOK_TAIL=64"
+    assert _cfg("shim-detok")[0] == "ENABLE_XLKV=true XLKV_DETOK_TAIL=true"
     assert _cfg("shim")[0] == "ENABLE_XLKV=true"
     both = _cfg("shim-ids-detok")
-    assert (both[0], both[4]) == ("ENABLE_XLKV=true XLKV_LAB_DETOK_TAIL=64", "--token-ids-to-d")
+    assert (both[0], both[4]) == ("ENABLE_XLKV=true XLKV_DETOK_TAIL=true", "--token-ids-to-d")
     pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
     res = tmp_path / "results" / "r.json"
     e = _env(tmp_path, CONFIGS="shim-detok shim", INPUT_LENS="32", NUM_PROMPTS="2", REPS="1", WARMUP_PROMPTS="1",
@@ -851,12 +850,12 @@ def test_detok_lever_config_arms_the_hook_on_p_and_d_and_cuda_graphs_on_request(
     servers = [x for cmds in cells.values() for x in cmds if x[:2] in ("P[", "D[")]
     assert len(servers) == 4 and not any("--enforce-eager" in x for x in servers), servers
     for side in ("P", "D"):
-        [lever] = [x for x in cells["shim-detok"] if x.startswith("%s[shim-detok]" % side)]
-        assert "XLKV_LAB_DETOK_TAIL=64" in lever and "PYTHONPATH=%s/negative_control" % EXP in lever, lever
+        [switch] = [x for x in cells["shim-detok"] if x.startswith("%s[shim-detok]" % side)]
+        assert "XLKV_DETOK_TAIL=true" in switch and "ENABLE_XLKV=true" in switch, switch
         [plain] = [x for x in cells["shim"] if x.startswith("%s[shim]" % side)]
-        assert "XLKV_LAB_DETOK_TAIL" not in plain, plain
-    # P has no registration report: the folder is on its path for the lever alone
-    assert "negative_control" not in [x for x in cells["shim"] if x.startswith("P[shim]")][0]
+        assert "XLKV_DETOK_TAIL" not in plain, plain
+    # P has no registration report and the switch needs no lab hook: no negative-control folder on P
+    assert "negative_control" not in [x for x in cells["shim-detok"] if x.startswith("P[shim-detok]")][0]
 
 
 def test_a_config_named_twice_alternates_and_its_cell_gains_repetitions(tmp_path):

@@ -19,9 +19,10 @@ NAMES = [k.name for k in flag.KNOBS]
 
 
 def test_the_knobs_are_the_documented_ones():
-    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_EQUAL_TP"]
+    assert NAMES == ["ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_EQUAL_TP", "XLKV_DETOK_TAIL"]
     assert {k.name: k.default for k in flag.KNOBS} == {"ENABLE_XLKV": False, "XLKV_COALESCE": True,
-                                                        "XLKV_STRICT": False, "XLKV_EQUAL_TP": False}
+                                                        "XLKV_STRICT": False, "XLKV_EQUAL_TP": False,
+                                                        "XLKV_DETOK_TAIL": False}
     # every knob is in the package docstring's table and in docs/mechanism.md's
     docs = (Path(__file__).resolve().parents[2] / "docs" / "mechanism.md").read_text()
     for name in NAMES:

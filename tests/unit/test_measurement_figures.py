@@ -289,6 +289,9 @@ WHEEL_VENV = "2026-11-25-wheel-venv-status.json"
 HO = "2026-11-27b-0.33.0-2xH200-handoff.json"
 DC64C = "2026-11-27b-0.33.0-2xH200-decode-c64-stock-shim.json"
 DETOK = "2026-11-27-detok-prime-cpu-0.29.0.json"
+HOAB = "2026-11-27e-0.33.0-2xH200-handoff-ab.json"
+DECAB = "2026-11-27e-0.33.0-2xH200-decode-native-shim-ab.json"
+DETOK2 = "2026-11-27e-detok-switch-cpu-0.29.0.json"
 
 
 # --------------------------------------------------------------------------- derived figures
@@ -979,8 +982,101 @@ def two_ok(name, refused_words):
     ok = ok and r["refused_peer"]["invalid_block_ids"] and any(refused_words in e for e in r["refused_peer"]["errors"])
     return bool(ok and r["after_flap"]["bytes_ok"] and r["after_flap"]["ok"])
 
+# the first-token detokenizer, XLKV_DETOK_TAIL (issue 41): the alternated A/B of 2026-11-27e
+DETOK_TAIL_CLAIMS = [
+    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, `--enforce-eager`, `HANDOFF_TRACE=1`. Two device "
+     "calls, each starting every config's servers once, in opposite orders",
+     lambda: (cell(HOAB, "shim", 10, 10240)["block_size"], cell(HOAB, "shim", 10, 10240)["output_len"])),
+    ("**{} repetitions per cell, alternated**", lambda: (cell(HOAB, "shim", 10, 10240)["reps"],)),
+    ("One request of `shim-detok`'s second {} × c1 repetition failed",
+     lambda: (10240,) if cell(HOAB, "shim-detok", 10, 10240)["failed"] == [0, 1] else ("?",)),
+    ("{}", lambda: (" ".join(l for l in ab_tables()[0] if re.match(r"\| \d", l)),)),
+    ("{}", lambda: (" ".join(l for l in ab_tables()[1] if re.match(r"\| \d", l)),)),
+    ("one request at a time, P's answer's frontend part {} → {} ms and D's {} → {} ms (shim → `shim-detok`, means); "
+     "{} at a time, D's frontend {} → {} ms and D's admission {} → {} ms",
+     lambda: (f1(ab_sub("shim", 10240, 1, "p_frontend")), f1(ab_sub("shim-detok", 10240, 1, "p_frontend")),
+              f1(ab_sub("shim", 10240, 1, "d_frontend")), f1(ab_sub("shim-detok", 10240, 1, "d_frontend")), 64,
+              f1(ab_sub("shim", 10240, 64, "d_frontend")), f1(ab_sub("shim-detok", 10240, 64, "d_frontend")),
+              f1(ab_part("shim", 10240, 64, "d_admission")), f1(ab_part("shim-detok", 10240, 64, "d_admission")))),
+    ("**Mean TTFT, {} tokens, one at a time**: shim {} ms ({}), `shim-detok` {} ({}), `shim-ids-detok` {} ({}), "
+     "`native` {}: {}. {} × {}: shim {}, `shim-detok` {}, `shim-ids-detok` {}, `native` {}: within the spread of {} "
+     "repetitions. At {} tokens the frontend parts go {} → {} ms (P) and {} → {} ms (D) and the cells are within noise",
+     lambda: (10240, pm(cell(HOAB, "shim", 10, 10240)), reps(cell(HOAB, "shim", 10, 10240)),
+              pm(cell(HOAB, "shim-detok", 10, 10240)), reps(cell(HOAB, "shim-detok", 10, 10240)),
+              pm(cell(HOAB, "shim-ids-detok", 10, 10240)), reps(cell(HOAB, "shim-ids-detok", 10, 10240)),
+              pm(cell(HOAB, "native", 10, 10240)),
+              "every repetition with the switch below every one without"
+              if max(cell(HOAB, c, 10, 10240)["mean_ttft_ms"][i] for c in ("shim-detok", "shim-ids-detok") for i in (0, 1))
+              < min(cell(HOAB, "shim", 10, 10240)["mean_ttft_ms"]) else "?",
+              64, 10240, pm(cell(HOAB, "shim", 64, 10240)), pm(cell(HOAB, "shim-detok", 64, 10240)),
+              pm(cell(HOAB, "shim-ids-detok", 64, 10240)), pm(cell(HOAB, "native", 64, 10240)),
+              cell(HOAB, "shim", 64, 10240)["reps"], 1024,
+              f1(ab_sub("shim", 1024, 1, "p_frontend")), f1(ab_sub("shim-detok", 1024, 1, "p_frontend")),
+              f1(ab_sub("shim", 1024, 1, "d_frontend")), f1(ab_sub("shim-detok", 1024, 1, "d_frontend")))),
+    ("prefill alone was {} ms in the 2026-11-27b run (same machine kind, an earlier lease); `shim-ids-detok`'s {} ms is "
+     "{} against it, the shim's {} ms there was {}. Prefill alone with `XLKV_DETOK_TAIL` would itself lose P's part "
+     "(≈ {} ms), so against a prefill alone that has the switch too the handoff is ≈ {} ms. Left in D's first token: "
+     "the one-token forward, `d_forward` {} ms with `--enforce-eager`",
+     lambda: (f0(ho("shim", 10240, 1)["alone"]["mean"]), f0(ttft(cell(HOAB, "shim-ids-detok", 10, 10240))),
+              "%+.0f" % (ttft(cell(HOAB, "shim-ids-detok", 10, 10240)) - ho("shim", 10240, 1)["alone"]["mean"]),
+              f0(ttft(cell(HO, "shim", 10, 10240))), "%+.0f" % ho("shim", 10240, 1)["over_alone_ms"],
+              f0(p_detok_part()),
+              "%+.0f" % (ttft(cell(HOAB, "shim-ids-detok", 10, 10240)) - ho("shim", 10240, 1)["alone"]["mean"] + p_detok_part()),
+              span([ab_sub(c, 10240, 1, "d_forward") for c in ("shim", "native", "shim-detok", "shim-ids-detok")]))),
+    ("**`native` (`BLNHC`) against the shim, alternated**: {} vs {} ms one at a time and {} vs {} ms at {} × {}; D's "
+     "mean ITL at {} × {} {} vs {} ms. The 2026-11-27b run (not alternated) had `native` ahead at {} × {} ({} vs {}); "
+     "alternated, it is not. The decode A/B ({} × {}, {} output tokens) timed out after its first two passes: `native` "
+     "{} ms, shim {} ms, ITL {} vs {} ms ({} repetition each",
+     lambda: (pm(cell(HOAB, "native", 10, 10240)), pm(cell(HOAB, "shim", 10, 10240)),
+              pm(cell(HOAB, "native", 64, 10240)), pm(cell(HOAB, "shim", 64, 10240)), 64, 10240, 64, 10240,
+              f1(itl(cell(HOAB, "native", 64, 10240))), f1(itl(cell(HOAB, "shim", 64, 10240))), 64, 10240,
+              f0(ttft(cell(HO, "native", 64, 10240))), f0(ttft(cell(HO, "shim", 64, 10240))),
+              64, 10240, cell(DECAB, "shim", 64, 10240)["output_len"],
+              f0(ttft(cell(DECAB, "native", 64, 10240))), f0(ttft(cell(DECAB, "shim", 64, 10240))),
+              f1(itl(cell(DECAB, "native", 64, 10240))), f1(itl(cell(DECAB, "shim", 64, 10240))),
+              cell(DECAB, "shim", 64, 10240)["reps"])),
+    ("{}, the same text for every answer, first byte at {} tokens {} ms stock and {} ms with the switch (round medians",
+     lambda: ("armed" if load(DETOK2)["lever_armed"] else "NOT armed",
+              10240, span(load(DETOK2)["summary"]["10240-1 stock"]["round_medians_ms"], f1),
+              span(load(DETOK2)["summary"]["10240-1 lever"]["round_medians_ms"], f1))
+     if load(DETOK2)["same_text_with_and_without"] else ("?",) * 4),
+    ("the switch from the package, {} alternated rounds",
+     lambda: (len(load(DETOK2)["summary"]["10240-1 stock"]["round_medians_ms"]),)),
+]
 
-CLAIMS = {"measurements.md": MEASUREMENTS, "deploy.md": DEPLOY}
+
+def ab_tables():
+    """The two tables of report.handoff_markdown for the A/B run, as line lists (parts, then sub-parts)."""
+    lines = report.handoff_markdown(load(HOAB)).splitlines()
+    cut = [i for i, l in enumerate(lines) if l.startswith("| tokens")][1]
+    return lines[:cut], lines[cut:]
+
+
+def ab_row(config, length, conc):
+    [r] = [r for r in report.handoff_rows(load(HOAB))
+           if (r["config"], r["input_len"], r["max_concurrency"]) == (config, length, conc)]
+    return r
+
+
+def ab_part(config, length, conc, part):
+    return ab_row(config, length, conc)["parts"][part]["mean"]
+
+
+def ab_sub(config, length, conc, part):
+    return ab_row(config, length, conc)["subparts"][part]["mean"]
+
+
+def p_detok_part():
+    """What XLKV_DETOK_TAIL took off P's answer at 10240 × c1 (P's frontend part, shim → shim-detok)."""
+    return ab_sub("shim", 10240, 1, "p_frontend") - ab_sub("shim-detok", 10240, 1, "p_frontend")
+
+
+def reps(c):
+    """A cell's repetitions' mean TTFTs, "196, 236"."""
+    return ", ".join(f0(x) for x in c["mean_ttft_ms"])
+
+
+CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS, "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
 #: code spans (`...`) that are file names, commands or settings, not results

@@ -141,6 +141,9 @@ PINNED_GROUPS = [
     "multi-0.14 >=0.14,<0.29 on KC.v1.multi_connector",
     "  multi_connector.warn property KC.v1.multi_connector:MultiConnector.prefer_cross_layer_blocks",
     "    multi_connector.property_wrapper",
+    "detok-0.17 >=0.17,<0.34 on vllm.v1.engine.detokenizer",
+    "  incremental_detokenizer.tail method vllm.v1.engine.detokenizer:FastIncrementalDetokenizer.__init__",
+    "    incremental_detokenizer.init_wrapper params=self,tokenizer,request",
     "layout-0.29 >=0.29,<0.34 on KC.v1.nixl nixl precheck=refuse_kvcached",
     "  kv_cache_layout.block_outermost classmethod KC.v1.nixl.connector:NixlConnector.get_required_kvcache_layout",
     "    kv_cache_layout.layout_wrapper params=cls,vllm_config",
@@ -170,38 +173,38 @@ B16 = ("FLASH_ATTN", "FLASHINFER")
 B20 = B16 + ("TRITON_ATTN",)
 PINNED_FACT_FIELDS = ("has_compat_hash", "budget_block_count", "kv_cache_layouts", "fa_heads_outermost",
                       "cross_layer_backends", "failed_recv_looks_up_engine", "kv_split_regions", "packed_groups",
-                      "mla_cross_layer_backends", "connector_turns_hma_off")
+                      "mla_cross_layer_backends", "connector_turns_hma_off", "detokenizer_primes_prompt")
 MLA = ("FLASH_ATTN_MLA", "TRITON_MLA", "FLASHMLA")
 PINNED_FACTS = {
-    "0": (False, False, False, True, B16, True, True, False, (), True),
-    "0.11.2": (False, False, False, True, B16, True, True, False, (), True),
-    "0.12.0": (False, False, False, True, B16, True, True, False, (), True),
-    "0.13.0": (True, False, False, True, B16, True, True, False, (), True),
-    "0.14.1": (True, False, False, True, B16, True, True, False, (), True),
-    "0.15.1": (True, False, False, True, B16, True, True, False, (), True),
-    "0.16.0": (True, False, False, True, B16, True, True, False, (), True),
-    "0.17.1": (True, False, False, True, B16, True, True, False, (), True),
-    "0.18.0": (True, True, False, True, B16, True, True, False, (), True),
-    "0.19.1": (True, True, False, True, B16, True, True, False, (), True),
-    "0.20.0": (True, True, False, True, B20, True, True, False, (), True),
-    "0.21.0": (True, True, False, True, B20, True, True, False, (), True),
-    "0.22.0": (True, True, False, True, B20, False, True, False, (), False),
-    "0.22.0.dev5": (True, True, False, True, B20, True, True, False, (), True),
-    "0.23.0": (True, True, False, False, B20, False, True, False, (), False),
-    "0.24.0": (True, True, False, False, B20, False, True, True, (), False),
-    "0.24.0.dev5": (True, True, False, False, B20, False, True, False, (), False),
-    "0.25.1": (True, True, False, False, B20, False, True, True, (), False),
-    "0.26.0": (True, True, False, True, B20, False, False, True, MLA, False),
-    "0.27.1": (True, True, False, True, B20, False, False, True, MLA, False),
-    "0.28.0": (True, True, False, True, B20, False, False, True, MLA, False),
-    "0.29.0": (True, True, True, False, B20, False, False, False, (), False),
-    "0.30.0": (True, True, True, False, B20, False, False, False, (), False),
-    "0.31.0": (True, True, True, False, B20, False, False, False, (), False),
-    "0.32.0": (True, True, True, False, B20, False, False, False, (), False),
-    "0.33.0": (True, True, True, False, B20, False, False, False, (), False),
-    "0.33.0rc1": (True, True, True, False, B20, False, False, False, (), False),
-    "0.34.0": (True, True, True, False, B20, False, False, False, (), False),
-    "1.0.0": (True, True, True, False, B20, False, False, False, (), False),
+    "0": (False, False, False, True, B16, True, True, False, (), True, False),
+    "0.11.2": (False, False, False, True, B16, True, True, False, (), True, False),
+    "0.12.0": (False, False, False, True, B16, True, True, False, (), True, False),
+    "0.13.0": (True, False, False, True, B16, True, True, False, (), True, False),
+    "0.14.1": (True, False, False, True, B16, True, True, False, (), True, False),
+    "0.15.1": (True, False, False, True, B16, True, True, False, (), True, False),
+    "0.16.0": (True, False, False, True, B16, True, True, False, (), True, False),
+    "0.17.1": (True, False, False, True, B16, True, True, False, (), True, True),
+    "0.18.0": (True, True, False, True, B16, True, True, False, (), True, True),
+    "0.19.1": (True, True, False, True, B16, True, True, False, (), True, True),
+    "0.20.0": (True, True, False, True, B20, True, True, False, (), True, True),
+    "0.21.0": (True, True, False, True, B20, True, True, False, (), True, True),
+    "0.22.0": (True, True, False, True, B20, False, True, False, (), False, True),
+    "0.22.0.dev5": (True, True, False, True, B20, True, True, False, (), True, True),
+    "0.23.0": (True, True, False, False, B20, False, True, False, (), False, True),
+    "0.24.0": (True, True, False, False, B20, False, True, True, (), False, True),
+    "0.24.0.dev5": (True, True, False, False, B20, False, True, False, (), False, True),
+    "0.25.1": (True, True, False, False, B20, False, True, True, (), False, True),
+    "0.26.0": (True, True, False, True, B20, False, False, True, MLA, False, True),
+    "0.27.1": (True, True, False, True, B20, False, False, True, MLA, False, True),
+    "0.28.0": (True, True, False, True, B20, False, False, True, MLA, False, True),
+    "0.29.0": (True, True, True, False, B20, False, False, False, (), False, True),
+    "0.30.0": (True, True, True, False, B20, False, False, False, (), False, True),
+    "0.31.0": (True, True, True, False, B20, False, False, False, (), False, True),
+    "0.32.0": (True, True, True, False, B20, False, False, False, (), False, True),
+    "0.33.0": (True, True, True, False, B20, False, False, False, (), False, True),
+    "0.33.0rc1": (True, True, True, False, B20, False, False, False, (), False, True),
+    "0.34.0": (True, True, True, False, B20, False, False, False, (), False, True),
+    "1.0.0": (True, True, True, False, B20, False, False, False, (), False, True),
 }
 
 
@@ -282,10 +285,11 @@ def test_a_row_for_0_34_is_all_it_takes(with_0_34, monkeypatch, tmp_path, capsys
         reg.check_version("0.35.0")
     # the same patch groups as 0.33 (one range now reaching 0.34), the same behaviour facts
     assert _targets(reg.groups_for("0.34.0")) == _targets(reg.groups_for("0.33.0"))
-    assert [g.vllm for g in reg.groups_for("0.34.0")] == [">=0.29,<0.35", ">=0"]
+    assert [g.vllm for g in reg.groups_for("0.34.0")] == [">=0.17,<0.35", ">=0.29,<0.35", ">=0"]
     assert replace(facts.facts_for("0.34.0"), release=None) == replace(facts.facts_for("0.33.0"), release=None)
     # everything else, 0.12-0.33, stays as pinned but for that one range
     assert render(all_groups()) == [line.replace("layout-0.29 >=0.29,<0.34", "layout-0.29 >=0.29,<0.35")
+                                    .replace("detok-0.17 >=0.17,<0.34", "detok-0.17 >=0.17,<0.35")
                                     for line in PINNED_GROUPS]
     # status, on a stand-in vLLM 0.34.0 (package metadata only)
     meta = tmp_path / "vllm-0.34.0.dist-info"

@@ -21,14 +21,14 @@ from typing import Callable, Optional
 from .. import releases
 from ..specs import PatchGroup
 from . import (_kvcached, block_contiguous, block_count, compat_hash, cross_layer_preference, cross_layer_registration,
-               handshake, kv_cache_layout, kv_connector_factory, model_runner, multi_connector,
-               packed_kv_cache_config, page_contiguous, transfer_order)
+               handshake, incremental_detokenizer, kv_cache_layout, kv_connector_factory, model_runner,
+               multi_connector, packed_kv_cache_config, page_contiguous, transfer_order)
 
 #: the patch modules, in the order a group lists their targets (a NIXL set: NixlConnector's, the
 #: compatibility hash, then the worker's)
 MODULES = (kv_cache_layout, page_contiguous, block_contiguous, cross_layer_preference, cross_layer_registration,
            compat_hash, handshake, block_count, packed_kv_cache_config, model_runner, multi_connector,
-           kv_connector_factory, transfer_order)
+           kv_connector_factory, transfer_order, incremental_detokenizer)
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ SETS = {
     "packed": _Set(name=lambda row: "packed-%s" % row.release,
                    trigger=lambda row: packed_kv_cache_config.KV_CACHE_UTILS),
     "multi": _Set(name=lambda row: "multi-%s" % row.release, trigger=lambda row: releases.MULTI_CONNECTOR),
+    # 0.17+: the API server's first-token detokenizer (XLKV_DETOK_TAIL; not NIXL connector code)
+    "detok": _Set(name=lambda row: "detok-%s" % row.release,
+                  trigger=lambda row: incremental_detokenizer.DETOKENIZER),
 }
 GUARD = "guard"
 
@@ -101,10 +104,10 @@ def all_groups():
     changed table changes them).
 
     The order is the order the hooks are registered in: the cross-layer-block releases' NIXL
-    groups, the runner, packed-groups and MultiConnector groups, the KV-cache-layout releases' NIXL groups, the
-    guard."""
+    groups, the runner, packed-groups, MultiConnector and detokenizer groups, the KV-cache-layout releases' NIXL
+    groups, the guard."""
     nixl = _runs("nixl")
     return ([_group("nixl", rows) for rows in nixl if rows[0].mechanism != "layout"]
-            + [_group(group, rows) for group in ("runner", "packed", "multi") for rows in _runs(group)]
+            + [_group(group, rows) for group in ("runner", "packed", "multi", "detok") for rows in _runs(group)]
             + [_group("nixl", rows) for rows in nixl if rows[0].mechanism == "layout"]
             + [_guard()])

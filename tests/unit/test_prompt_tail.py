@@ -1,23 +1,32 @@
-"""The lab lever experiments/negative_control/xlkv_detok_tail.py (issue 41): vLLM's first-token
-detokenizer primed with the prompt's last n ids instead of the whole prompt must give the same text,
-token by token, as the whole-prompt priming vLLM 0.21+ does.  Real `tokenizers` DecodeStreams on
-tokenizers trained here: a byte-level BPE (multi-byte characters split across tokens) and a
-Metaspace BPE with byte fallback (SentencePiece-like); prompts cut anywhere, inside characters too.
-A planted fault (the tail without the check that its text ends on a whole character) must differ."""
+"""xlkv_autopatch.prompt_tail, the pure logic of the XLKV_DETOK_TAIL switch (issue 41): a decode stream
+primed with the prompt's last n ids instead of the whole prompt must give the same text, token by token,
+as the whole-prompt priming vLLM 0.17+ does.  Real `tokenizers` DecodeStreams on tokenizers trained
+here: a byte-level BPE (multi-byte characters split across tokens) and a Metaspace BPE with byte
+fallback (SentencePiece-like); prompts cut anywhere, inside characters too; special tokens skipped and
+kept.  Planted faults (the tail without its checks) must differ.  Through vLLM's own detokenizer:
+tests/real/test_detok_tail.py."""
 
-import os
 import random
-import sys
 
 import pytest
+
+from xlkv_autopatch import prompt_tail
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from tokenizers.decoders import DecodeStream  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments", "negative_control"))
-import xlkv_detok_tail as lever  # noqa: E402
+
+class _Lever:
+    """The switch's use of prompt_tail: a stream primed with the tail, or None (the whole prompt stays)."""
+
+    @staticmethod
+    def tail_stream(tok, prompt, skip, n):
+        ids = prompt_tail.tail(prompt, lambda part: tok.decode(part, skip_special_tokens=skip), n)
+        return None if ids is None else DecodeStream(ids=ids, skip_special_tokens=skip)
+
+
+lever = _Lever()
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Überraschung! naïve café, 東京都の天気は晴れです。"
         "我们今天去公园散步。🙂🚀🌶️ emoji runs 😀😃😄 and ÅÄÖ åäö, Ελληνικά κείμενα, русский текст. ") * 6
@@ -60,33 +69,55 @@ def _cases(tok, seed, count=60):
     return out
 
 
-def _texts(stream, tok, cont):
-    return [stream.step(tok, t) for t in cont]
+def _texts(stream, tok, cont, skip=True):
+    """Each new token's text, stepped as vLLM's _protected_step does: a tokenizer whose text before the new
+    token changes ("Invalid prefix encountered", here: byte-fallback tokens kept as special tokens) resets
+    the stream without any prompt, and the step is repeated."""
+    out = []
+    for t in cont:
+        try:
+            out.append(stream.step(tok, t))
+        except Exception as e:  # noqa: BLE001 - vLLM's own recovery, modelled
+            if not str(e).startswith("Invalid prefix encountered"):
+                raise
+            stream = DecodeStream(skip_special_tokens=skip)
+            out.append(("reset", stream.step(tok, t)))
+    return out
 
 
-def _stock(tok, prompt):
-    return DecodeStream(ids=prompt, skip_special_tokens=True)
+def _stock(tok, prompt, skip=True):
+    return DecodeStream(ids=prompt, skip_special_tokens=skip)
 
 
-def _lever(tok, prompt, n, guard=True):
+def _lever(tok, prompt, n, guard=True, skip=True):
     if guard:
-        s = lever.tail_stream(tok, prompt, True, n)
+        s = lever.tail_stream(tok, prompt, skip, n)
     else:   # the planted fault: no check of the tail's text (empty, or ending inside a character)
-        s = DecodeStream(ids=prompt[-n:], skip_special_tokens=True) if len(prompt) > n else None
-    return s or _stock(tok, prompt)
+        s = DecodeStream(ids=prompt[-n:], skip_special_tokens=skip) if len(prompt) > n else None
+    return s or _stock(tok, prompt, skip)
 
 
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
-@pytest.mark.parametrize("n", [3, 8, 64])
-def test_the_tail_gives_vllms_text_token_by_token(name, n):
+@pytest.mark.parametrize("n", [3, 8, prompt_tail.TAIL_IDS])
+def test_the_tail_gives_vllms_text_token_by_token(name, n, skip):
     tok = TOKENIZERS[name]()
     used = 0
     for prompt, cont in _cases(tok, seed=n):
-        want = _texts(_stock(tok, prompt), tok, cont)
-        s = lever.tail_stream(tok, prompt, True, n)
+        want = _texts(_stock(tok, prompt, skip), tok, cont, skip)
+        s = lever.tail_stream(tok, prompt, skip, n)
         used += s is not None
-        assert _texts(s or _stock(tok, prompt), tok, cont) == want, (name, n, prompt[-n:], cont)
+        assert _texts(s or _stock(tok, prompt, skip), tok, cont, skip) == want, (name, n, prompt[-n:], cont)
     assert used >= 10, used          # the tail was taken in many cases, not only the fallback
+
+
+def test_the_unguarded_tail_differs_somewhere_in_the_same_cases():
+    """The comparison above has teeth: over the same random cuts (byte-level, 3 ids), the tail without its
+    checks gives another text than the whole prompt in at least one case."""
+    tok = _byte_level()
+    differ = sum(_texts(_lever(tok, p, 3, guard=False), tok, c) != _texts(_stock(tok, p), tok, c)
+                 for p, c in _cases(tok, seed=3))
+    assert differ >= 1, differ
 
 
 def test_a_prompt_that_ends_inside_a_character_keeps_vllms_stream_and_the_unguarded_tail_differs():
@@ -113,8 +144,19 @@ def test_a_tail_of_special_tokens_only_keeps_vllms_stream_and_the_unguarded_tail
     assert _texts(_lever(tok, prompt, 8, guard=False), tok, cont) != _texts(_stock(tok, prompt), tok, cont)
 
 
-def test_short_prompts_and_no_tail_keep_vllms_stream():
+def test_short_prompts_no_prompt_ids_and_no_tail_keep_vllms_stream():
     tok = _byte_level()
     assert lever.tail_stream(tok, [1, 2, 3], True, 8) is None
     assert lever.tail_stream(tok, [], True, 8) is None
+    assert lever.tail_stream(tok, None, True, 8) is None          # prompt embeddings: no ids
     assert lever.tail_stream(tok, list(range(50)), True, 0) is None
+    assert prompt_tail.tail(list(range(64)), lambda ids: "x") is None   # 64 ids: nothing to shorten
+    assert prompt_tail.tail(list(range(65)), lambda ids: "x") == list(range(1, 65))
+
+
+def test_tail_is_pure_and_decodes_the_tail_only():
+    seen = []
+    got = prompt_tail.tail(tuple(range(100)), lambda ids: seen.append(ids) or "text", n=5)
+    assert got == [95, 96, 97, 98, 99] and seen == [[95, 96, 97, 98, 99]]
+    assert prompt_tail.tail(list(range(100)), lambda ids: "ends cut \ufffd", n=5) is None
+    assert prompt_tail.tail(list(range(100)), lambda ids: "", n=5) is None

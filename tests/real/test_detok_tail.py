@@ -1,0 +1,126 @@
+"""XLKV_DETOK_TAIL (patches/incremental_detokenizer.py, issue 41) through vLLM's own
+FastIncrementalDetokenizer, per release: the text of every new token, step by step through vLLM's
+decode_next (its invalid-prefix recovery included), is the same with the switch on as with stock vLLM
+(ENABLE_XLKV unset), on a byte-level BPE and a SentencePiece-like BPE trained in the test, special
+tokens skipped and kept; the tail was taken for most requests and vLLM's priming kept for the two
+hazards (a prompt ending inside a character, a tail of special tokens only).  The comparison has
+teeth: on the hazard prompts, a stream primed with the unguarded tail gives another text through the
+same vLLM code.  Releases without whole-prompt priming (0.12-0.16) get no wrapper at all.
+
+The TTFT this buys is measured on two GPUs (experiments/results/2026-11-27e-*handoff-ab*), its
+behaviour in a whole vLLM server on CPU by experiments/probes/detok_prime_cpu.py (not in CI)."""
+
+import json
+import textwrap
+
+from conftest import release_of, run_in
+
+SCRIPT = textwrap.dedent(r'''
+    import json, random, sys
+    from types import SimpleNamespace
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers.decoders import DecodeStream
+    from transformers import PreTrainedTokenizerFast
+    from vllm.sampling_params import SamplingParams
+    import logging
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")  # INFO lines to stderr
+    import vllm.v1.engine.detokenizer as m
+
+    WORDS = ("The quick brown fox jumps over the lazy dog. Überraschung! naïve café, 東京都の天気は晴れです。"
+             "我们今天去公园散步。🙂🚀🌶️ emoji runs 😀😃😄 and ÅÄÖ åäö, Ελληνικά κείμενα, русский текст.").split()
+    TEXT = " ".join(random.Random(0).choice(WORDS) for _ in range(3000))
+
+    def byte_level():
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=400,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        return tok
+
+    def metaspace():
+        tok = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+        tok.train_from_iterator([TEXT[:300]], trainers.BpeTrainer(
+            vocab_size=600, special_tokens=["<0x%02X>" % i for i in range(256)]))
+        return tok
+
+    def cases(tok, seed):
+        rng = random.Random(seed)
+        ids, vocab = tok.encode(TEXT).ids, tok.get_vocab_size()
+        out = []
+        for _ in range(25):
+            a = rng.randrange(0, len(ids) - 500)
+            b = rng.randrange(a + 80, a + 480)
+            prompt = ids[a:b] if rng.random() < 0.7 else [rng.randrange(vocab) for _ in range(rng.randrange(80, 300))]
+            cont = ids[b:b + 16] if rng.random() < 0.5 else [rng.randrange(vocab) for _ in range(16)]
+            out.append((prompt, cont))
+        return out
+
+    def hazards(name, tok):
+        if name == "byte-level":   # the prompt ends inside an emoji
+            ids = tok.encode("abc " * 40 + "\U0001F642").ids
+            cut = [i for i in range(1, len(ids)) if tok.decode(ids[:i]).endswith("\ufffd")][-1]
+            return [(ids[:cut], ids[cut:] + tok.encode(" done").ids)]
+        special = [tok.token_to_id("<0x%02X>" % b) for b in (0x41, 0x42, 0x43, 0x44)] * 17   # 68 ids, text ""
+        return [(tok.encode("The quick brown fox").ids + special, tok.encode("\u2581jumps over").ids)]
+
+    def detok(hf, prompt, skip, rid):
+        req = SimpleNamespace(request_id=rid, prompt_token_ids=prompt,
+                              sampling_params=SamplingParams(max_tokens=32, skip_special_tokens=skip))
+        return m.FastIncrementalDetokenizer(hf, req)
+
+    out = {"wrapped": type(vars(m.FastIncrementalDetokenizer)["__init__"]).__name__, "texts": {}, "unguarded": {}}
+    for name, make in (("byte-level", byte_level), ("metaspace", metaspace)):
+        tok = make()
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok)
+        for skip in (True, False):
+            for i, (prompt, cont) in enumerate(cases(tok, 7) + hazards(name, tok)):
+                d = detok(hf, prompt, skip, "r%d" % i)
+                out["texts"]["%s/%s/%d" % (name, skip, i)] = [d.decode_next(t) for t in cont]
+            if skip:   # the planted fault: vLLM's code, stepped from the tail without the switch's checks
+                for j, (prompt, cont) in enumerate(hazards(name, tok)):
+                    d = detok(hf, prompt, skip, "h%d" % j)
+                    d.stream = DecodeStream(ids=prompt[-64:], skip_special_tokens=skip)
+                    out["unguarded"]["%s/%d" % (name, j)] = [d.decode_next(t) for t in cont]
+    mod = sys.modules.get("xlkv_autopatch.patches.incremental_detokenizer")
+    out["counts"] = dict(mod.COUNTS) if mod else None
+    print("RESULT " + json.dumps(out))
+''')
+
+
+def _run(python, env):
+    r = run_in(python, ["-c", SCRIPT], env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):]), r.stdout + r.stderr   # vLLM 0.21's log handler writes to stdout
+
+
+def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env):
+    version, python = vllm_env
+    stock, _ = _run(python, {})
+    on, log = _run(python, {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"})
+    assert stock["wrapped"] == "function" and stock["counts"] is None, stock["wrapped"]
+    if release_of(vllm_env) < (0, 17):
+        # nothing primed, nothing wrapped: the switch does nothing there
+        assert on["wrapped"] == "function" and not any((on["counts"] or {}).values()), (on["wrapped"], on["counts"])
+        assert on["texts"] == stock["texts"]
+        return
+    assert on["wrapped"] == "XlkvFunctionWrapper", on["wrapped"]
+    assert on["texts"].keys() == stock["texts"].keys()
+    differ = [k for k in stock["texts"] if on["texts"][k] != stock["texts"][k]]
+    assert differ == [], [(k, stock["texts"][k], on["texts"][k]) for k in differ[:3]]
+    counts = on["counts"]
+    # 2 tokenizers x 2 skip settings x (25 random + 1 hazard), and the planted fault's 2 (tail taken there)
+    assert counts["error"] == 0, (counts, log[-3000:])
+    assert counts["tail"] + counts["kept"] == 2 * 2 * 26 + 2, counts
+    assert counts["tail"] >= 80, counts          # the tail was taken for most requests, not only the fallback
+    assert counts["kept"] >= 2, counts           # at least the two hazards (skipped special tokens) kept vLLM's
+    assert log.count("decoded against the prompt's last 64 ids") == 1, log[-3000:]   # once per process
+    # teeth: the unguarded tail, through the same vLLM code, changes the hazard prompts' text
+    for key, texts in on["unguarded"].items():
+        name, j = key.split("/")
+        hazard = "%s/True/%d" % (name, 25 + int(j))   # the hazards follow the 25 random cases
+        assert texts != stock["texts"][hazard], (key, texts)

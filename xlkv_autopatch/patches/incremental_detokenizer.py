@@ -1,0 +1,90 @@
+"""FastIncrementalDetokenizer: the first token decoded against the prompt's last 64 ids (XLKV_DETOK_TAIL).
+
+Why
+    From vLLM 0.17 on, ``FastIncrementalDetokenizer`` primes its ``tokenizers`` DecodeStream with
+    the whole prompt, and the stream decodes that prompt when the first generated token reaches the
+    API server: O(prompt length) on every request's TTFT path, on the API server's event loop, so
+    it also holds back every other request's tokens.  In P/D it is paid twice, by P for the one
+    token it answers the proxy with and by D for its first token.  On 2 x H200 with vLLM 0.33.0 and
+    10240-token prompts (experiments/results/2026-11-27e-0.33.0-2xH200-handoff-ab.json) it was
+    24 ms of P's answer and 25 ms of D's first token at one request at a time, and 132 ms of D's
+    first token at 64 at a time.  Upstream PRs #51281 and #57330 (open) bound it the same way.
+How
+    ``__init__`` is wrapped: vLLM's own runs first and builds its stream (nothing is decoded
+    yet: the decode happens at the first step).  With XLKV_DETOK_TAIL on, the stream is then
+    rebuilt, with the class and ``skip_special_tokens`` vLLM used, from the prompt's last 64 ids
+    (:func:`xlkv_autopatch.prompt_tail.tail`), except where that could change a character: a
+    prompt of 64 ids or fewer, a tail that decodes to nothing or ends inside a character, a
+    request without prompt ids; those keep vLLM's stream.  A stream returns each new token's text
+    as the difference to what it was primed with, which depends on the primed ids' end only, so
+    the text is vLLM's (tests/unit/test_prompt_tail.py on trained byte-level and SentencePiece-like
+    tokenizers; tests/real/test_detok_tail.py through vLLM's own detokenizer).  Any error keeps
+    vLLM's stream (a WARNING once).  Every later step, the invalid-prefix recovery included, is
+    vLLM's.  The switch is read per request; off, the wrapper only calls vLLM's ``__init__``.
+    It changes no KV-transfer code: vLLM's NIXL tests do not reach it.
+vLLM versions
+    0.17+ (release table column ``prime``); 0.12-0.16 prime no prompt, so there is nothing to
+    shorten and nothing is wrapped.
+Removal
+    When vLLM bounds the priming itself (#51281, #57330).
+"""
+
+import threading
+
+from .. import prompt_tail
+from ..flag import knob
+from ..logs import info_once, logger, once
+from ..specs import Target
+from ._args import bind
+
+KNOB = "XLKV_DETOK_TAIL"
+DETOKENIZER = "vllm.v1.engine.detokenizer"
+INIT_ARGS = ("tokenizer", "request")
+
+#: requests whose stream was rebuilt from the tail ("tail") or kept as vLLM built it ("kept", "error"),
+#: per process (tests read it; nothing else does)
+COUNTS = {"tail": 0, "kept": 0, "error": 0}
+_lock = threading.Lock()
+
+
+def enabled(environ=None):
+    """XLKV_DETOK_TAIL through the shim's knob parser (default off; an unrecognised value raises, and
+    with ENABLE_XLKV on start-up already refused it)."""
+    return knob(KNOB, environ)
+
+
+def _count(what):
+    with _lock:
+        COUNTS[what] += 1
+
+
+def init_wrapper(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    if not enabled():
+        return
+    try:
+        request = bind(args, kwargs, *INIT_ARGS)[1]
+        tokenizer, skip = instance.tokenizer, instance.skip_special_tokens
+        ids = prompt_tail.tail(request.prompt_token_ids,
+                               lambda part: tokenizer.decode(part, skip_special_tokens=skip))
+        if ids is None:
+            _count("kept")
+            return
+        instance.stream = type(instance.stream)(ids=ids, skip_special_tokens=skip)
+    except Exception as e:  # noqa: BLE001 - the switch never stops a request: vLLM's stream stays
+        _count("error")
+        if once("detok_tail_error"):
+            logger.warning("xlkv_autopatch: %s kept vLLM's whole-prompt detokenizer stream for a request "
+                           "(%s: %s); later errors are counted, not logged", KNOB, type(e).__name__, e)
+        return
+    _count("tail")
+    info_once("detok_tail", "%s: the first token of each request is decoded against the prompt's last %d ids "
+              "instead of the whole prompt (%d ids in the first request)", KNOB, prompt_tail.TAIL_IDS,
+              len(request.prompt_token_ids))
+
+
+TARGETS = (
+    Target(name="incremental_detokenizer.tail", group="detok", module=DETOKENIZER,
+           owner="FastIncrementalDetokenizer", attr="__init__", kind="method", wrapper=init_wrapper,
+           params=("self",) + INIT_ARGS, when={"prime": True}),
+)
