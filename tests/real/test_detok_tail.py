@@ -11,14 +11,15 @@ The TTFT this buys is measured on two GPUs (experiments/results/2026-11-27e-*han
 behaviour in a whole vLLM server on CPU by experiments/probes/detok_prime_cpu.py (not in CI)."""
 
 import json
+import os
 import textwrap
 
 from conftest import release_of, run_in
 
 SCRIPT = textwrap.dedent(r'''
+    TESTS = "@TESTS@"   # tests/, for trained_tokenizers.py
     import json, random, sys
     from types import SimpleNamespace
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from tokenizers.decoders import DecodeStream
     from transformers import PreTrainedTokenizerFast
     from vllm.sampling_params import SamplingParams
@@ -26,26 +27,8 @@ SCRIPT = textwrap.dedent(r'''
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")  # INFO lines to stderr
     import vllm.v1.engine.detokenizer as m
 
-    WORDS = ("The quick brown fox jumps over the lazy dog. Überraschung! naïve café, 東京都の天気は晴れです。"
-             "我们今天去公园散步。🙂🚀🌶️ emoji runs 😀😃😄 and ÅÄÖ åäö, Ελληνικά κείμενα, русский текст.").split()
-    TEXT = " ".join(random.Random(0).choice(WORDS) for _ in range(3000))
-
-    def byte_level():
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=400,
-                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-        return tok
-
-    def metaspace():
-        tok = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
-        tok.pre_tokenizer = pre_tokenizers.Metaspace()
-        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-        tok.train_from_iterator([TEXT[:300]], trainers.BpeTrainer(
-            vocab_size=600, special_tokens=["<0x%02X>" % i for i in range(256)]))
-        return tok
+    sys.path.insert(0, TESTS)
+    from trained_tokenizers import TEXT, byte_level, metaspace
 
     def cases(tok, seed):
         rng = random.Random(seed)
@@ -88,7 +71,7 @@ SCRIPT = textwrap.dedent(r'''
     mod = sys.modules.get("xlkv_autopatch.patches.incremental_detokenizer")
     out["counts"] = dict(mod.COUNTS) if mod else None
     print("RESULT " + json.dumps(out))
-''')
+''').replace("@TESTS@", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(python, env):

@@ -1,20 +1,24 @@
 """xlkv_autopatch.prompt_tail, the pure logic of the XLKV_DETOK_TAIL switch (issue 41): a decode stream
 primed with the prompt's last n ids instead of the whole prompt must give the same text, token by token,
 as the whole-prompt priming vLLM 0.17+ does.  Real `tokenizers` DecodeStreams on tokenizers trained
-here: a byte-level BPE (multi-byte characters split across tokens) and a Metaspace BPE with byte
+by tests/trained_tokenizers.py: a byte-level BPE (multi-byte characters split across tokens) and a Metaspace BPE with byte
 fallback (SentencePiece-like); prompts cut anywhere, inside characters too; special tokens skipped and
 kept.  Planted faults (the tail without its checks) must differ.  Through vLLM's own detokenizer:
 tests/real/test_detok_tail.py."""
 
+import os
 import random
+import sys
 
 import pytest
 
 from xlkv_autopatch import prompt_tail
 
 tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from tokenizers.decoders import DecodeStream  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import trained_tokenizers  # noqa: E402  (tests/trained_tokenizers.py)
 
 
 class _Lever:
@@ -28,29 +32,9 @@ class _Lever:
 
 lever = _Lever()
 
-TEXT = ("The quick brown fox jumps over the lazy dog. Überraschung! naïve café, 東京都の天気は晴れです。"
-        "我们今天去公园散步。🙂🚀🌶️ emoji runs 😀😃😄 and ÅÄÖ åäö, Ελληνικά κείμενα, русский текст. ") * 6
-
-
-def _byte_level():
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
-
-
-def _metaspace():
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    bytes_ = ["<0x%02X>" % i for i in range(256)]
-    tok.train_from_iterator([TEXT[:300]], trainers.BpeTrainer(vocab_size=600, special_tokens=bytes_))
-    return tok
-
-
-TOKENIZERS = {"byte-level": _byte_level, "metaspace": _metaspace}
+TEXT = trained_tokenizers.TEXT
+_byte_level, _metaspace = trained_tokenizers.byte_level, trained_tokenizers.metaspace
+TOKENIZERS = trained_tokenizers.TOKENIZERS
 
 
 def _cases(tok, seed, count=60):
