@@ -13,7 +13,7 @@ import xlkv_autopatch
 from xlkv_autopatch import __main__ as cli
 
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
-OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_VLLM_VERSION", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
+OURS = ("ENABLE_XLKV", "XLKV_COALESCE", "XLKV_STRICT", "XLKV_EQUAL_TP", "XLKV_DETOK_TAIL", "XLKV_VLLM_VERSION", "ENABLE_KVCACHED", "KVCACHED_AUTOPATCH",
         "VLLM_KV_CACHE_LAYOUT",
         "VLLM_PLUGINS", "XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT")
 
@@ -316,3 +316,28 @@ def test_an_explicit_stock_layout_is_predicted_and_strict_refuses_it(status):
                 dict(VLLM_KV_CACHE_LAYOUT="LBHNC", XLKV_STRICT="1")):
         rc, text = status("0.33.0", **env)
         assert rc == 0 and "VLLM_KV_CACHE_LAYOUT" not in "".join(notes(text)), text
+
+
+@pytest.mark.parametrize("vllm,env,want", [
+    ("0.33.0", {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"},
+     "switch XLKV_DETOK_TAIL on vLLM 0.33.0: each request's first token is decoded against the prompt's last 64 "
+     "token ids, not the whole prompt as vLLM 0.33 does"),
+    ("0.33.0", {"ENABLE_XLKV": "true"},
+     "switch XLKV_DETOK_TAIL on vLLM 0.33.0: off: vLLM 0.33 decodes the whole prompt when each request's first token "
+     "reaches the API server (set XLKV_DETOK_TAIL=true"),
+    ("0.21.0", {"XLKV_DETOK_TAIL": "true"},
+     "switch XLKV_DETOK_TAIL on vLLM 0.21.0: nothing: ENABLE_XLKV is not on, so the shim is not active"),
+    ("0.16.0", {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"},
+     "switch XLKV_DETOK_TAIL on vLLM 0.16.0: nothing on vLLM 0.16: its detokenizer primes no prompt (vLLM 0.17-0.33 "
+     "prime the whole prompt; nothing is wrapped here)"),
+])
+def test_status_says_what_each_switch_does_on_the_installed_release(status, vllm, env, want):
+    """Issue 41 item 2: `status` says for each switch what it does on the installed release."""
+    rc, text = status(vllm, **env)
+    assert rc == 0 and want in text, text
+
+
+def test_an_unknown_switch_value_is_refused_like_any_knob(status):
+    rc, text = status("0.33.0", ENABLE_XLKV="true", XLKV_DETOK_TAIL="64")
+    assert rc == 1 and any("XLKV_DETOK_TAIL='64'" in p for p in problems(text)), text
+    assert "switch XLKV_DETOK_TAIL on vLLM 0.33.0: not recognised" in text
