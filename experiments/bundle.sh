@@ -13,6 +13,9 @@
 #                                    that a missing library costs a few chunks, not a rebuild
 #   bundle.sh pack SITE DIR VERSION  here: only the packing step of build (a site folder -> chunks)
 #   bundle.sh manifest DIR VERSION   here: (re)write DIR/MANIFEST (version, chunk names, sha256)
+#   bundle.sh rechunk DIR            here: cut DIR's chunks anew at CHUNK_MB (or CHUNK_BYTES), the
+#                                    same bytes, and rewrite MANIFEST: for when the tracked tree
+#                                    plus a chunk outgrows the 64 MiB a device call carries
 #   bundle.sh stage DIR              GPU machine, once per carried chunk: copy DIR/p*, the
 #                                    zstandard wheel and MANIFEST into /tmp/stage/<DIR>/
 #   bundle.sh setup DIR              GPU machine, after the last chunk: check every chunk
@@ -409,6 +412,24 @@ pack)
 manifest)
   ver=${3:?version}
   write_manifest "$dir" "$ver"
+  ;;
+rechunk)
+  [ -f "$dir/MANIFEST" ] || { echo "usage: bundle.sh rechunk DIR (DIR/MANIFEST and DIR/p<NN> here)" >&2; exit 2; }
+  ver=$(awk '$1 == "version" {print $2}' "$dir/MANIFEST")
+  bytes=${CHUNK_BYTES:-$(( ${CHUNK_MB:-55} * 1000 * 1000 ))}
+  tmp=$(mktemp -d "$dir.rechunk.XXXXXX")
+  # shellcheck disable=SC2046
+  before=$(cat $(ls "$dir"/p[0-9]* | sort) | sha256sum | cut -d' ' -f1)
+  # shellcheck disable=SC2046
+  cat $(ls "$dir"/p[0-9]* | sort) | split -b "$bytes" -d -a 2 - "$tmp/p"
+  # shellcheck disable=SC2046
+  after=$(cat $(ls "$tmp"/p[0-9]* | sort) | sha256sum | cut -d' ' -f1)
+  [ "$after" = "$before" ] || { echo "rechunk: the new chunks differ from the old ones" >&2; rm -rf "$tmp"; exit 2; }
+  rm -f "$dir"/p[0-9]*
+  mv "$tmp"/p[0-9]* "$dir/"
+  rm -rf "$tmp"
+  write_manifest "$dir" "$ver"
+  echo "rechunked $dir: $(ls "$dir"/p[0-9]* | wc -l) chunks of at most $bytes bytes"
   ;;
 stage)
   [ -n "$dir" ] || { echo "usage: bundle.sh stage DIR" >&2; exit 2; }

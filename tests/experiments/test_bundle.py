@@ -328,3 +328,27 @@ def test_build_carries_torchs_pins_of_xlkv_bundle_libs_less_the_images(tmp_path)
     env["XLKV_BUNDLE_LIBS"] = "none"
     run(["build", "0.99.0", str(tmp_path / ".xferB")], tmp_path, cwd=tmp_path, env_extra=env)
     assert carried(tmp_path / ".xferB") == ["torch==9.9.0", "torchvision==0.99.0", "triton==3.8.0"]
+
+
+def test_rechunk_cuts_the_same_bytes_smaller_and_the_bundle_still_sets_up(tmp_path):
+    """The tracked tree grew until tree + a 55 MB chunk passed the 64 MiB a device call carries (2026-11-27):
+    rechunk cuts the chunks anew, the same bytes, MANIFEST rewritten with its torch/carry lines."""
+    checkout = build(tmp_path)
+    bundle = checkout / ".xferT"
+    before = b"".join(p.read_bytes() for p in chunks(bundle))
+    header = [l for l in (bundle / "MANIFEST").read_text().splitlines() if not l.startswith("chunk ")]
+    small = CHUNK // 2 + 1
+    out = run(["rechunk", ".xferT"], tmp_path, cwd=checkout, env_extra={"CHUNK_BYTES": str(small)}).stdout
+    parts = chunks(bundle)
+    assert b"".join(p.read_bytes() for p in parts) == before
+    assert len(parts) > 5 and all(p.stat().st_size <= small for p in parts), [p.stat().st_size for p in parts]
+    assert "rechunked .xferT: %d chunks" % len(parts) in out
+    manifest = (bundle / "MANIFEST").read_text().splitlines()
+    assert [l for l in manifest if not l.startswith("chunk ")] == header
+    assert {l.split()[1]: l.split()[2] for l in manifest if l.startswith("chunk ")} == {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in parts}
+    assert not [p for p in checkout.iterdir() if ".rechunk." in p.name]
+    stage_one_per_call(tmp_path, checkout)
+    p = run(["setup", ".xferT"], tmp_path, cwd=tmp_path / "call.xferT0",
+            env_extra={"PYTHONPATH": str(make_image(tmp_path))})
+    assert "import vLLM's extension: vllm._C ok" in p.stdout
