@@ -24,6 +24,7 @@ import wrapt
 
 from . import facts, releases, versions
 from .errors import XlkvError, XlkvGuardError, XlkvUnsupportedVersion
+from .flag import knob_state
 from .logs import logger
 from .specs import PatchSpec
 
@@ -255,6 +256,8 @@ class Registry:
                 wrapt.register_post_import_hook(refuse, "vllm")
                 groups = [g for g in groups if g.always]
             for group in groups:
+                if group.knob and knob_state(group.knob) != "on":
+                    continue  # a switch that is off wraps nothing (status says what it would do)
                 wrapt.register_post_import_hook(self._hook(group), group.trigger)
             return True
 

@@ -49,7 +49,8 @@ class PatchGroup:
     """Specs applied together when ``trigger`` is imported, for vLLM versions ``vllm``.
 
     ``nixl``: the group patches NIXL connector code, so a NIXL connector created while it
-    is not applied stops vLLM (patches/kv_connector_factory.py).  ``always``: registered
+    is not applied stops vLLM (patches/kv_connector_factory.py).  ``knob``: registered only
+    while that knob is on (a switch such as XLKV_DETOK_TAIL).  ``always``: registered
     whatever the vLLM release, supported or not (that guard itself); ``vllm`` is then
     informational.
     """
@@ -61,6 +62,9 @@ class PatchGroup:
     precheck: Optional[Callable[[], None]] = None  # raise XlkvError to refuse
     nixl: bool = True
     always: bool = False
+    #: a switch's knob (flag.KNOBS): the group is registered only while that knob is on, so a switch
+    #: that is off wraps nothing (None: registered whatever the knobs)
+    knob: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -366,6 +366,7 @@ def _collect_patches(out, resolve):
             "vllm": group.vllm,
             "trigger": group.trigger,
             "applies": applies,
+            "switch": group.knob,
             "patches": [{"name": s.name, "target": s.target, "kind": s.kind} for s in group.patches],
         }
         if applies and resolve:
@@ -484,7 +485,9 @@ def render(info):
     for g in info["patch_sets"]:
         if not g["applies"]:
             continue
-        lines.append("patch set %s (vLLM %s, on import of %s):" % (g["name"], g["vllm"], g["trigger"]))
+        lines.append("patch set %s (vLLM %s, on import of %s%s):" % (
+            g["name"], g["vllm"], g["trigger"],
+            "; registered only while %s is on" % g["switch"] if g.get("switch") else ""))
         if "error" in g:
             lines.append("  ERROR: %s" % g["error"])
         for p in g["patches"]:

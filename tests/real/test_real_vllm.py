@@ -16,9 +16,12 @@ PROBE = textwrap.dedent("""
         from xlkv_autopatch.patches import all_groups
         found, checked = [], []
         v = versions.vllm_version()
+        from xlkv_autopatch.flag import knob_state
         for g in all_groups():
             if not versions.in_range(v, g.vllm):
                 continue
+            if g.knob and knob_state(g.knob) != "on":
+                continue                                # a switch that is off registers nothing
             importlib.import_module(g.trigger)          # what vLLM's connector factory does
             for spec in g.patches:
                 mod = sys.modules[spec.module]

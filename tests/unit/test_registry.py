@@ -244,6 +244,23 @@ def test_install_hooks_apply_on_import_and_inactive_after_uninstall(tree):
     assert tree.Pull().prefer_cross_layer_blocks is False
 
 
+@pytest.mark.parametrize("value,patched", [(None, False), ("false", False), ("true", True)])
+def test_a_switch_group_is_registered_only_while_its_knob_is_on(tree, monkeypatch, value, patched):
+    """A switch that is off wraps nothing (XLKV_DETOK_TAIL's patch set): its hook is never registered, so not
+    even a changed target of that set can stop vLLM while the switch is off."""
+    if value is None:
+        monkeypatch.delenv("XLKV_DETOK_TAIL", raising=False)
+    else:
+        monkeypatch.setenv("XLKV_DETOK_TAIL", value)
+    reg = make_registry([group(knob="XLKV_DETOK_TAIL")], active=False)
+    assert reg.install(source="test") is True
+    try:
+        assert (tree.Pull().prefer_cross_layer_blocks is True) is patched
+        assert bool(reg.applied()) is patched
+    finally:
+        reg.uninstall()
+
+
 def test_wrappers_are_inert_when_registry_inactive(tree):
     reg = make_registry([group()])
     reg.apply_group(group())

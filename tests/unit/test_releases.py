@@ -28,7 +28,8 @@ def render(groups):
     for g in groups:
         out.append("%s %s on %s%s%s%s" % (g.name, g.vllm, g.trigger.replace(KC, "KC"), " nixl" if g.nixl else "",
                                        " always" if g.always else "",
-                                       " precheck=" + g.precheck.__name__ if g.precheck else ""))
+                                       " precheck=" + g.precheck.__name__ if g.precheck else "")
+                   + (" knob=" + g.knob if g.knob else ""))
         for s in g.patches:
             out.append("  %s %s %s" % (s.name, s.kind, s.target.replace(KC, "KC")))
             out.append("    %s.%s%s%s" % (s.wrapper.__module__.rsplit(".", 1)[-1], s.wrapper.__name__,
@@ -141,7 +142,7 @@ PINNED_GROUPS = [
     "multi-0.14 >=0.14,<0.29 on KC.v1.multi_connector",
     "  multi_connector.warn property KC.v1.multi_connector:MultiConnector.prefer_cross_layer_blocks",
     "    multi_connector.property_wrapper",
-    "detok-0.17 >=0.17,<0.34 on vllm.v1.engine.detokenizer",
+    "detok-0.17 >=0.17,<0.34 on vllm.v1.engine.detokenizer knob=XLKV_DETOK_TAIL",
     "  incremental_detokenizer.tail method vllm.v1.engine.detokenizer:FastIncrementalDetokenizer.__init__",
     "    incremental_detokenizer.init_wrapper params=self,tokenizer,request",
     "layout-0.29 >=0.29,<0.34 on KC.v1.nixl nixl precheck=refuse_kvcached",

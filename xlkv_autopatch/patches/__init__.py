@@ -40,6 +40,7 @@ class _Set:
     trigger: Callable
     nixl: bool = False
     precheck: Optional[Callable] = None
+    knob: Optional[str] = None  # a switch's knob: the set is registered only while it is on
 
 
 #: the patch sets a Target may join (its ``group``), by release row; ``guard`` is registered whatever
@@ -54,7 +55,7 @@ SETS = {
     "multi": _Set(name=lambda row: "multi-%s" % row.release, trigger=lambda row: releases.MULTI_CONNECTOR),
     # 0.17+: the API server's first-token detokenizer (XLKV_DETOK_TAIL; not NIXL connector code)
     "detok": _Set(name=lambda row: "detok-%s" % row.release,
-                  trigger=lambda row: incremental_detokenizer.DETOKENIZER),
+                  trigger=lambda row: incremental_detokenizer.DETOKENIZER, knob=incremental_detokenizer.KNOB),
 }
 GUARD = "guard"
 
@@ -90,7 +91,7 @@ def _runs(group):
 def _group(group, rows):
     how, row = SETS[group], rows[0]
     return PatchGroup(name=how.name(row), trigger=how.trigger(row), vllm=releases.span(rows[0], rows[-1]),
-                      patches=_specs(group, row), precheck=how.precheck, nixl=how.nixl)
+                      patches=_specs(group, row), precheck=how.precheck, nixl=how.nixl, knob=how.knob)
 
 
 def _guard():

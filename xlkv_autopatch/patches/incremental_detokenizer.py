@@ -20,7 +20,8 @@ How
     the text is vLLM's (tests/unit/test_prompt_tail.py on trained byte-level and SentencePiece-like
     tokenizers; tests/real/test_detok_tail.py through vLLM's own detokenizer).  Any error keeps
     vLLM's stream (a WARNING once).  Every later step, the invalid-prefix recovery included, is
-    vLLM's.  The switch is read per request; off, the wrapper only calls vLLM's ``__init__``.
+    vLLM's.  The patch set is registered only while XLKV_DETOK_TAIL is on (``PatchGroup.knob``):
+    off, nothing is wrapped; the wrapper reads the knob again per request all the same.
     It changes no KV-transfer code: vLLM's NIXL tests do not reach it.
 vLLM versions
     0.17+ (release table column ``prime``); 0.12-0.16 prime no prompt, so there is nothing to
