@@ -31,6 +31,9 @@ CONFIGS = {
     "stock": ROW("NixlConnector as shipped", {}, None, {}, [], [], ()),
     "prefill_only": ROW("P alone, stock settings (bench only: the physical limit of P/D TTFT)",
                         {}, None, {}, [], [], ()),
+    "prefill_only-detok": ROW("P alone with the shim and XLKV_DETOK_TAIL=true (bench only): the limit the configs with "
+                              "that switch are compared with",
+                              {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, None, {}, [], [], ("shim",)),
     "shim": ROW("ENABLE_XLKV=true on P and D (xlkv_autopatch from this checkout)",
                 {"ENABLE_XLKV": "true"}, None, {}, [], [], ("shim",)),
     "shim-keep-order": ROW("the shim without its descriptor ordering (XLKV_COALESCE=false): the ablation row",
@@ -58,6 +61,22 @@ CONFIGS = {
     "stock-v1": ROW("stock with Model Runner V1, the runner the shim switches to: separates the runner "
                     "from the layout", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, None, {}, [], [], ("runner-v1",)),
 }
+
+
+ALONE = "prefill_only"
+
+
+def is_alone(name):
+    """A prefill-alone config (P alone, max_tokens=1): ``prefill_only`` or ``prefill_only-<variant>``."""
+    return name == ALONE or name.startswith(ALONE + "-")
+
+
+def alone_for(name):
+    """The prefill-alone config a P/D config is compared with: ``prefill_only-detok`` for a config with
+    XLKV_DETOK_TAIL on P (P's own answer then skips the whole-prompt decode too), else ``prefill_only``."""
+    row = CONFIGS.get(base(name))
+    env = row.env if row is not None and isinstance(row.env, dict) else {}
+    return ALONE + "-detok" if env.get("XLKV_DETOK_TAIL") == "true" else ALONE
 
 
 def names():

@@ -120,7 +120,7 @@ def main(settings, eq_json=None, result_dir=None):
         ok, why = pair.bench_gpus_ok()
         if not ok:
             for cfg in names:
-                if cfg != "prefill_only":
+                if not configs.is_alone(cfg):
                     die(EXIT_SETUP, "config %s %s. Run on a machine with %d GPUs (e.g. nvidia-h200-x2), use "
                         "CONFIGS=prefill_only, or set BENCH_ALLOW_SHARED_GPU=1 to time it anyway."
                         % (cfg, why, pair.tp_p + pair.tp_d))
@@ -144,7 +144,7 @@ def main(settings, eq_json=None, result_dir=None):
                 continue
             log("=== %s (%s) ===" % (cfg, state))
             open(pair.commands_file, "w").close()
-            alone = cfg == "prefill_only"
+            alone = configs.is_alone(cfg)
             if alone:
                 pair.start_prefill_alone(cfg, "bench-" + cfg)
                 url, out_len = pair.url("P", ""), 1

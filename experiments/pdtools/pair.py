@@ -330,14 +330,17 @@ class Pair:
             self.check_negative_control_active(self.d_log)
 
     def start_prefill_alone(self, cfg, tag):
-        """P alone with stock settings (the bench's prefill_only)."""
+        """P alone with ``cfg``'s settings (the bench's prefill_only: stock; prefill_only-detok: the shim and its
+        XLKV_DETOK_TAIL switch)."""
         require_ports_free(self.settings.get("PORT_P"), self.settings.get("SIDE_P"))
         self.assign_gpus()
         self.p_log, self.d_log, self.d_reg_report = os.path.join(self.work, "%s-p.log" % tag), None, None
         self.trace_dir = None  # no handoff without D
-        p = self.start_server("P[%s]" % cfg, "stock", self.settings.get("PORT_P"), self.settings.get("SIDE_P"),
+        p = self.start_server("P[%s]" % cfg, cfg, self.settings.get("PORT_P"), self.settings.get("SIDE_P"),
                               self.p_gpus, self.tp_p, self.p_log)
         self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
+        if configs.server_settings(cfg, self.version, self.settings).env.get("ENABLE_XLKV") == "true":
+            self.check_shim_active(self.p_log)
 
     def restart_decode(self, cfg, tag):
         """Keeps P of the running pair and replaces D and the proxy by a D with ``cfg``'s settings:

@@ -17,10 +17,11 @@ import os
 import statistics
 import sys
 
+from .configs import alone_for, is_alone
 from .handoff import PARTS, SUBPARTS
 from .results import merge_results
 
-CONFIG_ORDER = ["prefill_only", "stock", "stock-v1", "shim", "shim-keep-order", "shim-ucx", "native", "native-v1"]
+CONFIG_ORDER = ["prefill_only", "prefill_only-detok", "stock", "stock-v1", "shim", "shim-keep-order", "shim-ucx", "native", "native-v1"]
 
 
 def _vals(xs):
@@ -51,6 +52,12 @@ def _compared(c):
     return c["input_len"], c.get("state") or "fresh", c.get("max_concurrency")
 
 
+def _alone(cells, key):
+    """{(prefill-alone config, key(cell)): TTFT stats} of the prefill-alone cells (prefill_only, prefill_only-detok):
+    a P/D cell is compared with the one configs.alone_for names, never with another."""
+    return {(c["config"], key(c)): stats(c.get("mean_ttft_ms")) for c in cells if is_alone(c.get("config") or "")}
+
+
 def rows(doc):
     """Table rows: dicts with the numbers of each (input_len, config) cell."""
     out = []
@@ -58,11 +65,11 @@ def rows(doc):
                                                          _order(c.get("config"))))
     key = _compared
     stock = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
-    alone = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "prefill_only"}
+    alone = _alone(cells, key)
     for c in cells:
         s = stats(c.get("mean_ttft_ms"))
         base = stock.get(key(c))
-        limit = alone.get(key(c))
+        limit = alone.get((alone_for(c["config"]), key(c)))
         state = c.get("state") or "fresh"
         tags = ([] if state == "fresh" else [state]) + (
             ["c%d" % c["max_concurrency"]] if c.get("max_concurrency") else [])
@@ -70,7 +77,7 @@ def rows(doc):
             "config": c["config"] + (" [%s]" % ", ".join(tags) if tags else ""),
             "state": state, "input_len": c["input_len"], "num_prompts": c.get("num_prompts"),
             "max_concurrency": c.get("max_concurrency"),
-            "overhead_ms": (s["mean"] - limit["mean"]) if (s and limit and c["config"] != "prefill_only") else None,
+            "overhead_ms": (s["mean"] - limit["mean"]) if (s and limit and not is_alone(c["config"])) else None,
             "avg_descriptors_per_transfer": _mean(c.get("descriptors_per_transfer")),
             "avg_xfer_ms": _mean((c.get("kv_xfer") or {}).get("avg_xfer_ms")),
             "avg_mb_per_transfer": _mean((c.get("kv_xfer") or {}).get("avg_mb_per_transfer")),
@@ -79,13 +86,13 @@ def rows(doc):
             "ttft": s,
             "median_ttft": stats(c.get("median_ttft_ms")),
             "p99_ttft": stats(c.get("p99_ttft_ms")),
-            # prefill_only asks for one token: it has no inter-token latency
-            "itl": stats(c.get("mean_itl_ms")) if c.get("config") != "prefill_only" else None,
+            # prefill alone asks for one token: it has no inter-token latency
+            "itl": stats(c.get("mean_itl_ms")) if not is_alone(c["config"]) else None,
             "tok_s": stats(c.get("total_tok_s")),
             "desc_per_block": c.get("descriptors_per_block"),
             "desc_per_xfer": stats(c.get("descriptors_per_transfer")),
             "failed": sum(_vals(c.get("failed"))),
-            "ratio": (base["mean"] / s["mean"]) if (base and s and s["mean"] and c["config"] != "prefill_only")
+            "ratio": (base["mean"] / s["mean"]) if (base and s and s["mean"] and not is_alone(c["config"]))
             else None,
         })
     return out
@@ -99,7 +106,8 @@ def ratio_lines(doc):
         by_len.setdefault((r["input_len"], r.get("max_concurrency") or 0), []).append(r)
     for L, conc in sorted(by_len):
         parts = ["stock/%s %.2f×" % (r["config"], r["ratio"]) for r in by_len[(L, conc)]
-                 if r["config"].split(" ")[0] not in ("stock", "prefill_only") and r["ratio"] is not None]
+                 if r["config"].split(" ")[0] != "stock" and not is_alone(r["config"].split(" ")[0])
+                 and r["ratio"] is not None]
         if parts:
             out.append("- %d tokens%s: %s" % (L, ", at most %d at a time" % conc if conc else "", ", ".join(parts)))
     return out
@@ -149,8 +157,9 @@ def markdown(doc, wire=None):
     over = ["- %d tokens, %s: %.0f ms" % (r["input_len"], r["config"], r["overhead_ms"])
             for r in rows(doc) if r["overhead_ms"] is not None]
     if over:
-        lines += ["", "P/D overhead = config mean TTFT - prefill_only mean TTFT (P alone, max_tokens=1; "
-                      "same input length and state):"] + over
+        lines += ["", "P/D overhead = config mean TTFT - its prefill alone's mean TTFT (P alone, max_tokens=1: "
+                      "prefill_only, or prefill_only-detok for a config with XLKV_DETOK_TAIL; same input length and "
+                      "state):"] + over
     split = ["- %d tokens, %s: P's answer %s ms, then D's first byte %s ms" % (
         r["input_len"], r["config"], _f(r["proxy_prefill_ms"]), _f(r["proxy_decode_first_ms"]))
         for r in rows(doc) if r["proxy_prefill_ms"] is not None]
@@ -193,14 +202,14 @@ def handoff_rows(doc):
     repetitions), P/D over prefill alone (same length and concurrency), and per part of pdtools/handoff.py's
     split the mean and the p50 in ms.  Mean: the mean over repetitions of each repetition's mean over its
     requests (the parts' means add up to the proxy's mean total); p50: the median of the repetitions' p50."""
-    alone = {_compared(c): stats(c.get("mean_ttft_ms")) for c in doc.get("cells", []) if c.get("config") == "prefill_only"}
+    alone = _alone(doc.get("cells", []), _compared)
     out = []
     for c in sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
                                                          _order(c.get("config")))):
         reps = [h for h in (c.get("handoff_trace") or []) if h and h.get("parts_ms")]
         if not reps:
             continue
-        t, base = stats(c.get("mean_ttft_ms")), alone.get(_compared(c))
+        t, base = stats(c.get("mean_ttft_ms")), alone.get((alone_for(c["config"]), _compared(c)))
         parts, subs = _pooled(reps, "parts_ms", PARTS), _pooled(reps, "subparts_ms", SUBPARTS)
         out.append({"subparts": subs, "config": c["config"], "input_len": c["input_len"],
                     "max_concurrency": c.get("max_concurrency"),

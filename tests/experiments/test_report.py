@@ -11,7 +11,7 @@ import pytest
 EXP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments")
 sys.path.insert(0, EXP)
 from pdtools import results  # noqa: E402
-from pdtools import report  # noqa: E402
+from pdtools import configs, report  # noqa: E402
 
 QWEN3_BLOCK = 16 * 28 * 2 * 8 * 128 * 2
 
@@ -196,3 +196,23 @@ def test_handoff_table_means_p50s_and_the_overhead_over_prefill_alone():
     # a fragmented cell is not compared with a fresh prefill alone (report.rows' rule)
     frag = dict(shim, state="fragmented")
     assert report.handoff_rows({"cells": [alone, frag]})[0]["over_alone_ms"] is None
+
+
+def test_a_config_with_the_detok_switch_is_compared_with_prefill_alone_with_it():
+    """XLKV_DETOK_TAIL also shortens P's own answer, so shim-detok's overhead is over prefill_only-detok (P alone with
+    the switch) and the shim's over prefill_only; neither falls back to the other's prefill alone."""
+    parts = dict(p_answer=3.0, d_first_token=55.0)
+    shim, detok = _traced_cell("shim", 1, [216.0], parts), _traced_cell("shim-detok", 1, [167.0], parts)
+    alone, alone_d = _traced_cell("prefill_only", 1, [103.0], {}), _traced_cell("prefill_only-detok", 1, [81.0], {})
+    for c in (alone, alone_d):
+        c["handoff_trace"] = [None]
+    got = {r["config"]: r["over_alone_ms"] for r in report.handoff_rows({"cells": [alone, alone_d, shim, detok]})}
+    assert got == {"shim": pytest.approx(216.0 - 103.0), "shim-detok": pytest.approx(167.0 - 81.0)}
+    rows = {r["config"]: r for r in report.rows({"cells": [alone, alone_d, shim, detok]})}
+    assert rows["shim-detok [c1]"]["overhead_ms"] == pytest.approx(86.0)
+    assert rows["prefill_only-detok [c1]"]["overhead_ms"] is None and rows["prefill_only-detok [c1]"]["itl"] is None
+    # without prefill_only-detok in the run, shim-detok has no overhead (not the stock prefill alone's)
+    got = {r["config"]: r["over_alone_ms"] for r in report.handoff_rows({"cells": [alone, shim, detok]})}
+    assert got["shim-detok"] is None and got["shim"] == pytest.approx(113.0)
+    assert configs.alone_for("shim-ids-detok") == "prefill_only-detok" and configs.alone_for("native") == "prefill_only"
+    assert configs.is_alone("prefill_only-detok") and not configs.is_alone("shim-detok")

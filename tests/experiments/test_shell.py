@@ -503,6 +503,26 @@ def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
     assert "Where the P/D TTFT goes" in md and "stock [fragmented]: P's answer" in md
 
 
+def test_prefill_alone_with_the_detok_switch_starts_p_alone_with_it(tmp_path, monkeypatch):
+    """prefill_only-detok (issue 41): P alone, max_tokens=1, with the shim and XLKV_DETOK_TAIL=true, the prefill alone
+    the configs with that switch are compared with; prefill_only stays stock."""
+    monkeypatch.setenv("SHIM_CHECK", "0")
+    pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="prefill_only-detok prefill_only", INPUT_LENS="32", NUM_PROMPTS="2", REPS="1",
+             WARMUP_PROMPTS="1", RESULT_JSON=str(res), SHIM_CHECK="0")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cells = {c["config"]: c for c in json.loads(res.read_text())["cells"]}
+    for name, switch in (("prefill_only-detok", True), ("prefill_only", False)):
+        c = cells[name]
+        assert c["output_len"] == 1 and c["kv_xfer"]["num_transfers"] == [None], c
+        [p] = [x for x in c["commands"] if x.startswith("P[")]
+        assert not [x for x in c["commands"] if x.startswith("D[")], c["commands"]
+        assert ("ENABLE_XLKV=true XLKV_DETOK_TAIL=true" in p) is switch, p
+
+
 def test_bench_concurrency_levels_are_cells_of_their_own_on_the_same_servers_with_the_handoff_trace(tmp_path):
     """CONCURRENCY: one cell per level (the client's --max-concurrency), fresh seeds per level (no prompt
     repeats across levels), servers started once per config; HANDOFF_TRACE=1: P and D get the trace hook
