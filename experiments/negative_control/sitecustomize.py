@@ -13,7 +13,7 @@ after vLLM's register_kv_caches returned; nothing is corrupted unless XLKV_NEGAT
 With XLKV_TRACE_HANDOFF=<folder> (pdtools/pair.py, HANDOFF_TRACE=1, on P and D) it also arms the handoff
 trace (xlkv_handoff_trace.py): pass-through wrappers that write when each step of a request's P/D handoff
 happened; nothing of vLLM's behaviour changes.  (The detokenizer lever this hook armed on 2026-11-27 as
-XLKV_LAB_DETOK_TAIL is the shim's XLKV_DETOK_TAIL switch since xlkv_autopatch 0.9.0.)
+XLKV_LAB_DETOK_TAIL is the shim's XLKV_DETOK_TAIL switch since xlkv_autopatch 0.9.1.)
 """
 
 import os
