@@ -59,6 +59,11 @@ KNOBS = (
 )
 _BY_NAME = {k.name: k for k in KNOBS}
 
+#: the knobs that turn on a *switch*: a patch set registered only while its knob is on
+#: (``PatchGroup.knob``; tests/unit/test_registry.py checks this list against the patch sets).
+#: experiments/upstream runs vLLM's own NIXL tests with all of them on (its ``switches`` mode).
+SWITCHES = ("XLKV_DETOK_TAIL",)
+
 #: knobs of earlier versions that do nothing now: name -> (the version that removed it, why).  A
 #: deployment that still sets one is told so (a WARNING once per process at activation, a NOTE in
 #: status), never refused: whatever its value, the run is the one it would be without it.

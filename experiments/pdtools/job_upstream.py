@@ -15,7 +15,8 @@
              the flag-on runs side by side, each under pytest-xdist with N workers (default 4),
              then `compare`; $OUT/upstream-tests-RELEASE-WHERE.json (+ the console tails).
              UPSTREAM_FILES="a.py b.py" runs only those files (resume a cut run with the rest);
-             UPSTREAM_MODES="stock on" (add "off" for the installed-but-off mode).
+             UPSTREAM_MODES="stock on switches" (the default; add "off" for the installed-but-off
+             mode; "switches" has the flag and every switch knob on, since 2026-11-27).
 
 The shim travels as shim.tar: the flag-on run puts /tmp/up/shim on PYTHONPATH, where its
 sitecustomize.py activates it; the stock run hides it (xlkv_upstream_probe.py).
@@ -125,7 +126,7 @@ def unpack(settings, src):
 
 
 def run(settings, rel, where, n="4"):
-    """The stock and flag-on runs side by side, then merge and compare."""
+    """The stock, flag-on and switches-on runs side by side, then merge and compare."""
     s = settings
     up = s.get("UP", "/tmp/up")
     out = s.get("OUT") or os.path.join(up, "out")
@@ -137,7 +138,7 @@ def run(settings, rel, where, n="4"):
     files = ["--files"] + s.get("UPSTREAM_FILES").split() if s.get("UPSTREAM_FILES") else []
     res = os.path.join(out, "upstream-tests-%s-%s.json" % (rel, where))
     procs, base = [], 6000
-    for mode in s.get("UPSTREAM_MODES", "stock on").split():
+    for mode in s.get("UPSTREAM_MODES", "stock on switches").split():
         base += 200
         part = os.path.join(runs, "%s-%s-%s-%s.json" % (rel, where, mode, time.strftime("%H%M%S")))
         logf = open(os.path.join(runs, mode + ".log"), "w")

@@ -8,7 +8,7 @@ and a shim that patches their code must pass them.  For one release:
                                                        index, sha256 checked against RELEASES, its
                                                        tests/ (and pyproject.toml: pytest markers)
                                                        unpacked into the cache; prints the folder
-  upstream_tests.py run RELEASE --python PY --mode stock|off|on --out R.json [--where W]
+  upstream_tests.py run RELEASE --python PY --mode stock|off|on|switches --out R.json [--where W]
                     [--files F ...] [--ids-from FILE] [--shim-path DIR] [--timeout S]
                     [--pytest-args '-k NAME']
                                                        one pytest run of the release's
@@ -18,7 +18,7 @@ and a shim that patches their code must pass them.  For one release:
                                                        R.json (a run cut by a time limit is resumed
                                                        with the remaining files; "calls" says which
                                                        call ran what)
-  upstream_tests.py compare R.json                     stock vs off and stock vs on, per test id;
+  upstream_tests.py compare R.json                     stock vs off, on and switches, per test id;
                                                        writes "differ" into R.json; exit 1 when a
                                                        difference is not in INTENDED
   upstream_tests.py merge R.json PART.json ...         modes run side by side (or resumed) -> one file
@@ -27,7 +27,9 @@ and a shim that patches their code must pass them.  For one release:
                                                        -> cpu-passing.json (what CI runs)
 
 Modes: ``stock`` hides the shim from the interpreter (xlkv_upstream_probe.py); ``off`` has it
-installed with ENABLE_XLKV unset; ``on`` sets ENABLE_XLKV=true.  The probe records what the
+installed with ENABLE_XLKV unset; ``on`` sets ENABLE_XLKV=true; ``switches`` sets it and every switch
+knob too (xlkv_autopatch/flag.py's SWITCHES: patch sets registered only while their knob is on; the
+other modes drop any value the caller set for them).  The probe records what the
 shim did inside the pytest process; an ``on`` run in which no NIXL patch set was applied, or a
 ``stock`` run that imported the shim, is refused (it would be a stock run under another name).
 
@@ -46,6 +48,7 @@ import fcntl
 import fnmatch
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import shlex
@@ -60,7 +63,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CPU_PINS = os.path.join(HERE, "cpu-passing.json")
 UNIT = "tests/v1/kv_connector/unit"
-MODES = ("stock", "off", "on")
+MODES = ("stock", "off", "on", "switches")
+
+
+def switches():
+    """The shim's switch knobs (xlkv_autopatch/flag.py's SWITCHES, read from this checkout: the module is
+    standard library only)."""
+    spec = importlib.util.spec_from_file_location("_xlkv_flag", os.path.join(ROOT, "xlkv_autopatch", "flag.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SWITCHES
 
 #: sdist sha256 per release, as the package index serves it (checked on every fetch)
 RELEASES = {
@@ -217,8 +229,12 @@ def _env(tree, mode, out, shim_path):
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     })
-    if mode == "on":
+    if mode in ("on", "switches"):
         env["ENABLE_XLKV"] = "true"
+    for name in switches():   # only the switches mode turns them on; any value from the caller is dropped
+        env.pop(name, None)
+        if mode == "switches":
+            env[name] = "true"
     return env
 
 
@@ -229,7 +245,7 @@ def _check_shim(mode, shim):
         return "the shim was imported in the stock run"
     if mode == "off" and shim.get("installed"):
         return "the shim installed its patches with ENABLE_XLKV unset"
-    if mode == "on" and not nixl_groups:
+    if mode in ("on", "switches") and not nixl_groups:
         return "ENABLE_XLKV=true but no NIXL patch set was applied in the pytest process (%s)" % shim
     return None
 
@@ -323,7 +339,7 @@ def differences(result):
     modes = result.get("modes", {})
     stock = modes.get("stock", {}).get("outcomes", {})
     out = []
-    for mode in ("off", "on"):
+    for mode in ("off", "on", "switches"):
         other = modes.get(mode, {}).get("outcomes")
         if other is None:
             continue
@@ -380,7 +396,8 @@ TABLE_START, TABLE_END = "<!-- upstream:start -->", "<!-- upstream:end -->"
 
 def table(results_dir=RESULTS):
     """docs/support-matrix.md's table of every upstream-tests-*.json result: per release and place, the
-    tests run, passed stock and with the flag on, and the differences (explained or not)."""
+    tests run, passed stock, with the flag on and with the flag and every switch on, and the differences
+    (explained or not; stock against each other mode)."""
     rows = []
     for path in sorted(glob.glob(os.path.join(results_dir, "upstream-tests-*.json"))):
         r = json.load(open(path))
@@ -389,12 +406,14 @@ def table(results_dir=RESULTS):
             continue
         differ = differences(r)
         key = tuple(int(x) for x in r["release"].split(".")), r["where"] != "cpu", r["where"]
-        rows.append((key, "| %s | %s | %d | %d | %d | %s | [%s](../experiments/results/%s) |" % (
+        rows.append((key, "| %s | %s | %d | %d | %d | %s | %s | [%s](../experiments/results/%s) |" % (
             r["release"], "CPU (pinned ids)" if r["where"] == "cpu" else r["where"], len(modes["stock"]["outcomes"]),
             modes["stock"]["passed"], modes["on"]["passed"],
+            modes["switches"]["passed"] if "switches" in modes else "not run",
             "%d (%d unexplained)" % (len(differ), len([d for d in differ if not d["reason"]])) if differ else "0",
             os.path.basename(path)[:-5], os.path.basename(path))))
-    head = ["| vLLM | where | tests | passed stock | passed, flag on | differ | file |", "|---|---|---|---|---|---|---|"]
+    head = ["| vLLM | where | tests | passed stock | passed, flag on | passed, flag and switches on | differ | file |",
+            "|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + [row for _, row in sorted(rows)])
 
 

@@ -57,3 +57,22 @@ def test_concurrent_fetches_share_one_tree_and_never_replace_it(tmp_path, monkey
     assert downloads == ["9.9.9"]                              # the second caller waited, then reused
     assert all(os.path.exists(m) for m in marks)              # nobody's tree was replaced
     assert os.path.isfile(os.path.join(got[0], "tests", "v1", "kv_connector", "unit", "test_nixl_fake.py"))
+
+
+def test_modes_set_the_flag_and_switches_they_name(monkeypatch, tmp_path):
+    """The environment of each mode: only ``switches`` turns the switch knobs on (a value the caller set is
+    dropped elsewhere, so an ``on`` run is never a switches run in disguise); ``on`` and ``switches`` set the
+    flag; a ``switches`` run in which no NIXL patch set was applied is refused like an ``on`` run."""
+    up = _load()
+    assert up.switches() == ("XLKV_DETOK_TAIL",)
+    monkeypatch.setenv("XLKV_DETOK_TAIL", "true")
+    monkeypatch.setenv("ENABLE_XLKV", "true")
+    env = {m: up._env(str(tmp_path), m, "out.json", None) for m in up.MODES}
+    assert [m for m in up.MODES if env[m].get("XLKV_DETOK_TAIL") == "true"] == ["switches"]
+    assert [m for m in up.MODES if env[m].get("ENABLE_XLKV") == "true"] == ["on", "switches"]
+    assert "XLKV_DETOK_TAIL" not in env["on"] and "XLKV_DETOK_TAIL" not in env["stock"]
+    assert up._check_shim("switches", {"applied_groups": ["guard", "detok-0.17"]})   # no NIXL set: refused
+    assert up._check_shim("switches", {"applied_groups": ["guard", "detok-0.17", "layout-0.29"]}) is None
+    result = {"release": "0.33.0", "modes": {"stock": {"outcomes": {"t": "passed"}},
+                                             "switches": {"outcomes": {"t": "failed"}}}}
+    assert [(d["mode"], d["test"]) for d in up.differences(result)] == [("switches", "t")]

@@ -1,5 +1,5 @@
-"""The lab's upstream job (pdtools/job_upstream.py) on this machine: ``run`` starts the stock and the
-flag-on runs of experiments/upstream/upstream_tests.py side by side (processes, as on a GPU machine), then
+"""The lab's upstream job (pdtools/job_upstream.py) on this machine: ``run`` starts the stock, the
+flag-on and the switches runs of experiments/upstream/upstream_tests.py side by side (processes, as on a GPU machine), then
 merges and compares their result files by calling the tool's functions (issue 42 item 2: no output parsed).
 
 A stand-in Python answers the tool's ``PY -m pytest ...`` by writing what the probe plugin writes; the
@@ -21,6 +21,7 @@ b=passed
 [ "$XLKV_UPSTREAM_MODE" = on ] && b=${FAKE_ON_B:-passed}
 groups='[]'
 [ "$XLKV_UPSTREAM_MODE" = on ] && groups='["layout-0.29"]'
+[ "$XLKV_UPSTREAM_MODE" = switches ] && groups='["detok-0.17", "layout-0.29"]'
 printf '{"mode": "%s", "exitstatus": 0, "outcomes": {"t.py::a": "passed", "t.py::b": "%s"},
  "shim": {"imported": false, "installed": false, "applied_groups": %s}}' "$XLKV_UPSTREAM_MODE" "$b" "$groups" \\
   > "$XLKV_UPSTREAM_OUT"
@@ -46,11 +47,11 @@ def test_run_merges_and_compares_the_modes_by_function(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     res = json.loads((tmp_path / "out" / "upstream-tests-0.33.0-1xTEST.json").read_text())
-    assert set(res["modes"]) == {"stock", "on"} and res["differ"] == []
-    assert res["modes"]["on"]["passed"] == 2 and len(res["calls"]) == 2
+    assert set(res["modes"]) == {"stock", "on", "switches"} and res["differ"] == []   # the default modes
+    assert res["modes"]["on"]["passed"] == res["modes"]["switches"]["passed"] == 2 and len(res["calls"]) == 3
     assert "0 differences, 0 unexplained" in out          # compare's own report, on the job's console
     assert {f for f in os.listdir(tmp_path / "out") if f.startswith("console-")} == {
-        "console-0.33.0-stock.txt", "console-0.33.0-on.txt"}
+        "console-0.33.0-stock.txt", "console-0.33.0-on.txt", "console-0.33.0-switches.txt"}
 
 
 def test_run_fails_on_a_difference_compare_does_not_explain(tmp_path, capsys):

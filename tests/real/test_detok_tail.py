@@ -7,6 +7,13 @@ hazards (a prompt ending inside a character, a tail of special tokens only).  Th
 teeth: on the hazard prompts, a stream primed with the unguarded tail gives another text through the
 same vLLM code.  Releases without whole-prompt priming (0.12-0.16) get no wrapper at all.
 
+Fault injection (issue 41 item 3): P/D's failures reach the API server as finish reasons and aborts, so
+the same processes drive vLLM's own OutputProcessor through them, switch on and stock: a KV load that
+failed under kv_load_failure_policy=fail (ERROR, no token), the engine aborting a request (a dead or
+timed-out prefill), the client aborting mid-stream (outputs still arriving), a recompute (empty steps,
+then tokens), the hazard prompts ending in an abort or an error, and a new request after them.  Every
+RequestOutput is compared; a planted fault (the tail without its guards) changes the hazard paths.
+
 The TTFT this buys is measured on two GPUs (experiments/results/2026-11-27e-*handoff-ab*), its
 behaviour in a whole vLLM server on CPU by experiments/probes/detok_prime_cpu.py (not in CI)."""
 
@@ -70,6 +77,66 @@ SCRIPT = textwrap.dedent(r'''
                     out["unguarded"]["%s/%d" % (name, j)] = [d.decode_next(t) for t in cont]
     mod = sys.modules.get("xlkv_autopatch.patches.incremental_detokenizer")
     out["counts"] = dict(mod.COUNTS) if mod else None
+
+    # The failure paths of P/D as vLLM's API server sees them, through vLLM's own OutputProcessor: a
+    # KV load that failed under kv_load_failure_policy=fail (the request ends with ERROR and no token),
+    # the engine aborting a request (a dead or timed-out prefill seen by decode), the client aborting
+    # mid-stream (outputs still arriving for it afterwards), a recompute (tokens after empty steps),
+    # and after each, a new request on the same processor: decode serving on.
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor
+    from vllm.sampling_params import RequestOutputKind
+
+    def scenarios(tok):
+        ids, haz = tok.encode(TEXT).ids, hazards("byte-level", tok)[0]
+        long_a, long_b, cont = ids[100:400], ids[600:900], ids[400:412]
+        return [  # (name, prompt, steps); a step: ("tokens", [ids], finish or None) or ("client_abort",)
+            ("normal", long_a, [("tokens", cont[:4], None), ("tokens", cont[4:8], "LENGTH")]),
+            ("load_failed_policy_fail", long_b, [("tokens", [], "ERROR")]),
+            ("engine_abort", long_a, [("tokens", cont[:3], None), ("tokens", [], "ABORT")]),
+            ("client_abort", long_b, [("tokens", cont[:3], None), ("client_abort",), ("tokens", cont[3:5], None)]),
+            ("recompute", long_a, [("tokens", [], None), ("tokens", [], None), ("tokens", cont[:5], "LENGTH")]),
+            ("hazard_client_abort", haz[0], [("tokens", haz[1][:3], None), ("client_abort",)]),
+            ("hazard_error_after_tokens", haz[0], [("tokens", haz[1][:2], None), ("tokens", [], "ERROR")]),
+            ("served_on", long_b, [("tokens", cont[:6], "LENGTH")]),
+        ]
+
+    def new_request(rid, prompt):
+        sp = SamplingParams(max_tokens=32, skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
+        given = dict(request_id=rid, prompt_token_ids=prompt, sampling_params=sp, arrival_time=0.0)
+        fields = EngineCoreRequest.__struct_fields__
+        req = EngineCoreRequest(**{f: given.get(f) for f in fields[:len(fields) - len(EngineCoreRequest.__struct_defaults__)]})
+        if "external_req_id" in EngineCoreRequest.__struct_fields__:
+            req.external_req_id = rid   # 0.33 asserts it (the API server sets it)
+        return req
+
+    def run_paths(hf, tok, tag):
+        proc, seen = OutputProcessor(hf, log_stats=False), {}
+        for name, prompt, steps in scenarios(tok):
+            rid = "%s-%s" % (tag, name)
+            proc.add_request(new_request(rid, prompt), None)
+            trace = seen[name] = []
+            for step in steps:
+                if step[0] == "client_abort":
+                    trace.append(["client_abort", sorted(proc.abort_requests([rid], internal=False))])
+                    continue
+                finish = getattr(FinishReason, step[2]) if step[2] else None
+                res = proc.process_outputs([EngineCoreOutput(request_id=rid, new_token_ids=list(step[1]),
+                                                             finish_reason=finish)])
+                trace.append([[ro.request_id, [(c.text, list(c.token_ids), c.finish_reason) for c in ro.outputs],
+                               ro.finished] for ro in res.request_outputs])
+            trace.append(["open", proc.get_num_unfinished_requests()])
+        return seen
+
+    tok = byte_level()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok)
+    out["paths"] = run_paths(hf, tok, "p")
+    out["counts_paths"] = dict(mod.COUNTS) if mod else None
+    # the planted fault: the shim's tail without its guards (the wrapper calls prompt_tail.tail)
+    if mod is not None:
+        import xlkv_autopatch.prompt_tail as pt
+        pt.tail = lambda prompt, decode, n=pt.TAIL_IDS: list(prompt[-n:]) if prompt and len(prompt) > n else None
+        out["paths_planted"] = run_paths(hf, tok, "p")
     print("RESULT " + json.dumps(out))
 ''').replace("@TESTS@", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,6 +157,7 @@ def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env):
         # nothing primed, nothing wrapped: the switch does nothing there
         assert on["wrapped"] == "function" and not any((on["counts"] or {}).values()), (on["wrapped"], on["counts"])
         assert on["texts"] == stock["texts"]
+        assert on["paths"] == stock["paths"]
         return
     assert on["wrapped"] == "XlkvFunctionWrapper", on["wrapped"]
     assert on["texts"].keys() == stock["texts"].keys()
@@ -107,3 +175,18 @@ def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env):
         name, j = key.split("/")
         hazard = "%s/True/%d" % (name, 25 + int(j))   # the hazards follow the 25 random cases
         assert texts != stock["texts"][hazard], (key, texts)
+    # P/D's failure paths through vLLM's OutputProcessor: every output, finish reason and abort the same as
+    # stock, nothing left open, and the next request served
+    assert on["paths"].keys() == stock["paths"].keys() and len(stock["paths"]) == 8
+    differ = [k for k in stock["paths"] if on["paths"][k] != stock["paths"][k]]
+    assert differ == [], [(k, stock["paths"][k], on["paths"][k]) for k in differ[:2]]
+    for name, trace in stock["paths"].items():
+        assert trace[-1] == ["open", 0], (name, trace[-1])
+    assert stock["paths"]["load_failed_policy_fail"][0][0][1] == [["", [], "error"]]
+    assert stock["paths"]["client_abort"][-2] == [], stock["paths"]["client_abort"]   # outputs after the abort: none
+    assert stock["paths"]["served_on"][0][0][1][0][2] == "length"
+    paths = {k: on["counts_paths"][k] - counts[k] for k in counts}
+    assert paths == {"tail": 6, "kept": 2, "error": 0}, paths   # the tail taken; the two hazard prompts kept
+    # teeth: the shim's tail without its guards (planted in the same process) changes the hazard paths' text
+    planted = [k for k in stock["paths"] if on["paths_planted"][k] != stock["paths"][k]]
+    assert planted == ["hazard_client_abort", "hazard_error_after_tokens"], planted

@@ -1,10 +1,12 @@
-"""vLLM's own NIXL unit tests (from the release's sdist), stock vs ENABLE_XLKV=true, on CPU.
+"""vLLM's own NIXL unit tests (from the release's sdist), stock vs ENABLE_XLKV=true (and with every
+switch on too), on CPU.
 
 experiments/upstream/cpu-passing.json pins, per release, the test ids of
 ``tests/v1/kv_connector/unit/test_nixl_*.py`` that pass *stock* on a machine without a GPU
-(``upstream_tests.py pin-cpu``).  Here each of them runs twice in the release's environment:
-with the shim hidden from the interpreter (stock) and with the flag on.  Every id must pass
-stock (otherwise the pin is stale) and give the same outcome with the flag on, unless
+(``upstream_tests.py pin-cpu``).  Here each of them runs three times in the release's environment:
+with the shim hidden from the interpreter (stock), with the flag on, and with the flag and every switch on.  Every id must pass
+stock (otherwise the pin is stale) and give the same outcome with the flag on, and with the flag and every
+switch on (``switches``: XLKV_DETOK_TAIL, issue 41 item 3), unless
 upstream_tests.INTENDED names the difference and its reason.  The probe plugin refuses an
 "on" run in which no NIXL patch set was applied, so a green "on" run is not a stock run.
 
@@ -47,8 +49,8 @@ def test_vllm_own_nixl_tests_same_outcomes_with_the_flag_on(vllm_env, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     ids = PINS[version]["passing_stock"]
     out = str(tmp_path / "upstream.json")
-    parts = {mode: str(tmp_path / ("%s.json" % mode)) for mode in ("stock", "on")}
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the two modes side by side (two processes)
+    parts = {mode: str(tmp_path / ("%s.json" % mode)) for mode in ("stock", "on", "switches")}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # the modes side by side (three processes)
         for f in [pool.submit(upstream.run, version, python, mode, part, "ci-cpu", ids=ids, timeout=1500)
                   for mode, part in parts.items()]:
             f.result()
@@ -59,7 +61,7 @@ def test_vllm_own_nixl_tests_same_outcomes_with_the_flag_on(vllm_env, tmp_path):
     assert not stale, ("these pinned ids no longer pass stock on CPU (re-pin with upstream_tests.py pin-cpu %s): %s"
                        % (version, stale[:10]))
     differ = [d for d in upstream.differences(result) if not d["reason"]]
-    assert not differ, "vLLM %s's own NIXL tests differ with ENABLE_XLKV=true: %s" % (version, differ)
-    on = result["modes"]["on"]
-    assert on["passed"] == len(ids), on
-    assert any(c["mode"] == "on" and c["shim"]["applied_groups"] for c in result["calls"])
+    assert not differ, "vLLM %s's own NIXL tests differ with ENABLE_XLKV=true (or its switches): %s" % (version, differ)
+    for mode in ("on", "switches"):
+        assert result["modes"][mode]["passed"] == len(ids), (mode, result["modes"][mode])
+        assert any(c["mode"] == mode and c["shim"]["applied_groups"] for c in result["calls"]), mode

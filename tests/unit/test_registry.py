@@ -261,6 +261,16 @@ def test_a_switch_group_is_registered_only_while_its_knob_is_on(tree, monkeypatc
         reg.uninstall()
 
 
+def test_flag_switches_names_every_switch_knob_of_the_patch_sets():
+    """flag.SWITCHES (what experiments/upstream's ``switches`` mode turns on) is exactly the knobs of the patch
+    sets that are switches, and each is a knob the parser knows."""
+    from xlkv_autopatch import flag, patches
+
+    knobs = {how.knob for how in patches.SETS.values() if how.knob}
+    assert knobs == set(flag.SWITCHES), (knobs, flag.SWITCHES)
+    assert all(name in {k.name for k in flag.KNOBS} for name in flag.SWITCHES)
+
+
 def test_wrappers_are_inert_when_registry_inactive(tree):
     reg = make_registry([group()])
     reg.apply_group(group())
