@@ -292,6 +292,7 @@ DETOK = "2026-11-27-detok-prime-cpu-0.29.0.json"
 HOAB = "2026-11-27e-0.33.0-2xH200-handoff-ab.json"
 DECAB = "2026-11-27e-0.33.0-2xH200-decode-native-shim-ab.json"
 DETOK2 = "2026-11-27e-detok-switch-cpu-0.29.0.json"
+GRAPHS = "2026-11-27f-0.33.0-2xH200-graphs-ab.json"
 
 
 # --------------------------------------------------------------------------- derived figures
@@ -1075,7 +1076,100 @@ def reps(c):
     return ", ".join(f0(x) for x in c["mean_ttft_ms"])
 
 
-CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS, "deploy.md": DEPLOY}
+def gr(config, conc):
+    """A cell of the CUDA-graphs run (2026-11-27f), 10240 tokens; prefill alone has 10 prompts at c1 too."""
+    return cell(GRAPHS, config, 10 if conc == 1 else 64, 10240)
+
+
+def gr_row(config, conc):
+    return handoff_row(GRAPHS, config, 10240, conc)
+
+
+def gr_part(config, conc, part, kind="parts"):
+    return gr_row(config, conc)[kind][part]["mean"]
+
+
+def p50(c):
+    """A cell's p50 TTFT: the mean of its repetitions' medians (the results .md's median column)."""
+    return mean(c["median_ttft_ms"])
+
+
+def graphs_tables():
+    lines = report.handoff_markdown(load(GRAPHS)).splitlines()
+    cut = [i for i, l in enumerate(lines) if l.startswith("| tokens")][1]
+    return lines[:cut], lines[cut:]
+
+
+def below(a, b):
+    """How far below b a lies, in percent of b, "6.8%"."""
+    return "%.1f%%" % (100 * (1 - a / b))
+
+
+def halves(xs):
+    """A cell's per-repetition means as "148, 153 → 188, 187": the first call's, then the second's."""
+    return "%s → %s" % (", ".join(f0(x) for x in xs[:2]), ", ".join(f0(x) for x in xs[2:]))
+
+
+# CUDA graphs, prefill alone in the same run (issue 41 items 1 and 5): the alternated run of 2026-11-27f
+GRAPHS_CLAIMS = [
+    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs",
+     lambda: (gr("shim-detok", 1)["block_size"], gr("shim-detok", 1)["output_len"])),
+    ("2 repetitions per start: **{} repetitions per cell, alternated** (`prefill_only-detok` at {} at a time: {}, the "
+     "first call's time limit came before them)",
+     lambda: (gr("shim-detok", 1)["reps"], 64, gr("prefill_only-detok", 64)["reps"])),
+    ("{}", lambda: (" ".join(l for l in graphs_tables()[0] if re.match(r"\| \d", l)),)),
+    ("{}", lambda: (" ".join(l for l in graphs_tables()[1] if re.match(r"\| \d", l)),)),
+    ("`shim-detok` {} ms against its prefill alone's {} ms: {} ms mean, {} ms at p50 ({} vs {}, the repetitions' p50s "
+     "averaged). Against prefill alone without the switch ({} ms) it is {}. `native` is {} ms, {} over its "
+     "prefill alone",
+     lambda: (pm(gr("shim-detok", 1)), pm(gr("prefill_only-detok", 1)),
+              "%+.0f" % gr_row("shim-detok", 1)["over_alone_ms"],
+              "%+.0f" % (p50(gr("shim-detok", 1)) - p50(gr("prefill_only-detok", 1))),
+              f0(p50(gr("shim-detok", 1))), f0(p50(gr("prefill_only-detok", 1))), pm(gr("prefill_only", 1)),
+              "%+.0f" % (ttft(gr("shim-detok", 1)) - ttft(gr("prefill_only", 1))), pm(gr("native", 1)),
+              "%+.0f" % gr_row("native", 1)["over_alone_ms"])),
+    ("D's admission {} ms (D's API server tokenises the prompt's text again; the proxy's token-id lever took it to {} ms "
+     "in the eager run), the transfer {} ms, D's first token {} ms (its one-token forward {} ms), allocation, dispatch "
+     "and notice {} ms together",
+     lambda: (f1(gr_part("shim-detok", 1, "d_admission")), f1(ab_part("shim-ids-detok", 10240, 1, "d_admission")),
+              f1(gr_part("shim-detok", 1, "transfer")), f1(gr_part("shim-detok", 1, "d_first_token")),
+              f1(gr_part("shim-detok", 1, "d_forward", "subparts")),
+              f1(sum(gr_part("shim-detok", 1, k) for k in ("d_alloc", "d_dispatch", "d_notice"))))),
+    ("`d_forward` {} ms in every P/D cell here against {} ms with `--enforce-eager`. Seeding D's first token from P "
+     "(#51919's third switch) could therefore take at most `d_to_run` + `d_forward` ≈ {} ms off one request's TTFT, "
+     "about the spread of these cells (± {} ms); read dispatch and completion notice are {} + {} ms one at a time and "
+     "{} + {} ms at {}",
+     lambda: (span([gr_part(c, n, "d_forward", "subparts") for c in ("native", "shim-detok") for n in (1, 64)], f1),
+              span([ab_sub(c, 10240, 1, "d_forward") for c in ("shim", "native", "shim-detok", "shim-ids-detok")]),
+              f0(gr_part("shim-detok", 1, "d_to_run", "subparts") + gr_part("shim-detok", 1, "d_forward", "subparts")),
+              f0(gr("shim-detok", 1)["mean_ttft_ms_std"]),
+              f1(gr_part("shim-detok", 1, "d_dispatch")), f1(gr_part("shim-detok", 1, "d_notice")),
+              f1(gr_part("shim-detok", 64, "d_dispatch")), f1(gr_part("shim-detok", 64, "d_notice")), 64)),
+    ("**{} × {}**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 150); `native` {} ms, {} over {}. The shim "
+     "is {} below `native` (goal ≥ 10%). No handoff can reach 10% at this load: one that cost nothing would leave "
+     "prefill alone, {} below `native` ({} with the switch); P's queue (`p_admission` {} ms)",
+     lambda: (64, 10240, pm(gr("shim-detok", 64)), "%+.0f" % gr_row("shim-detok", 64)["over_alone_ms"],
+              pm(gr("prefill_only-detok", 64)), pm(gr("native", 64)), "%+.0f" % gr_row("native", 64)["over_alone_ms"],
+              pm(gr("prefill_only", 64)), below(ttft(gr("shim-detok", 64)), ttft(gr("native", 64))),
+              below(ttft(gr("prefill_only", 64)), ttft(gr("native", 64))),
+              below(ttft(gr("prefill_only-detok", 64)), ttft(gr("native", 64))),
+              span([gr_part(c, 64, "p_admission") for c in ("native", "shim-detok")]))),
+    ("**Where `native` loses at {}**: D's admission {} vs {} ms, D's first token {} vs {} ms (its frontend {} vs {}: the "
+     "detokenizer's priming), P's answer {} vs {} ms, the transfer {} vs {} ms",
+     lambda: (64,) + tuple(f1(gr_part(c, 64, k, kind)) for k, kind in (
+         ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
+         ("transfer", "parts")) for c in ("native", "shim-detok"))),
+    ("**The second call ran slower one at a time** for `native` ({} ms), `shim-detok` ({}) and `prefill_only-detok` "
+     "({}), not for `prefill_only` ({}); the alternation keeps that out of the comparison. `native`'s D ITL at {} at a "
+     "time was {}, then {} ms",
+     lambda: (halves(gr("native", 1)["mean_ttft_ms"]), halves(gr("shim-detok", 1)["mean_ttft_ms"]),
+              halves(gr("prefill_only-detok", 1)["mean_ttft_ms"]), halves(gr("prefill_only", 1)["mean_ttft_ms"]), 64,
+              ", ".join(f1(x) for x in gr("native", 64)["mean_itl_ms"][:2]),
+              ", ".join(f1(x) for x in gr("native", 64)["mean_itl_ms"][2:]))),
+]
+
+
+CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + GRAPHS_CLAIMS, "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
 #: code spans (`...`) that are file names, commands or settings, not results
