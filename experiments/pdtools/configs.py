@@ -129,14 +129,28 @@ def server_settings(name, version, settings, pythonpath=""):
                     list(row.proxy_args))
 
 
+#: shim_supported's answers in this process: (python, version, env) -> (ok, why).  A job asks once per
+#: config that needs the shim, and each question imports vLLM (about 24 s on a GPU machine: the
+#: 2026-11-27 15:52 lease paid it before every shim config's start)
+_SHIM_ANSWERS = {}
+
+
 def shim_supported(version, settings, env):
     """Does the shim support the staged vLLM?  Asks ``python -m xlkv_autopatch status --json`` with
     the flag on.  From a source checkout neither the .pth hook nor the plugin entry point is
     installed (sitecustomize.py activates it), so that "problem" is not held against it: the
     release must be in the supported range and at least one patch set must apply without errors.
+    The answer is kept for the same interpreter, release and environment (one question per job).
     SHIM_CHECK=0 skips the check (tests with a fake vLLM)."""
     if settings.get("SHIM_CHECK", "1") == "0":
         return True, ""
+    key = (settings.get("PY"), version, tuple(sorted(env.items())))
+    if key not in _SHIM_ANSWERS:
+        _SHIM_ANSWERS[key] = _ask_status(version, settings, env)
+    return _SHIM_ANSWERS[key]
+
+
+def _ask_status(version, settings, env):
     env = dict(env, ENABLE_XLKV="true")
     r = subprocess.run([settings.get("PY"), "-m", "xlkv_autopatch", "status", "--json"], cwd=REPO_DIR, env=env,
                        capture_output=True, text=True)

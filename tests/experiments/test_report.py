@@ -216,3 +216,26 @@ def test_a_config_with_the_detok_switch_is_compared_with_prefill_alone_with_it()
     assert got["shim-detok"] is None and got["shim"] == pytest.approx(113.0)
     assert configs.alone_for("shim-ids-detok") == "prefill_only-detok" and configs.alone_for("native") == "prefill_only"
     assert configs.is_alone("prefill_only-detok") and not configs.is_alone("shim-detok")
+
+
+def test_the_shim_check_is_asked_once_per_job_environment(monkeypatch, tmp_path):
+    """configs.shim_supported imports vLLM in a child (about 24 s on a GPU machine): a job with several shim
+    configs asks once for the same interpreter, release and environment, and again for another environment."""
+    calls = []
+
+    class Done:
+        returncode, stdout, stderr = 0, json.dumps({"supported": True, "patch_sets": [
+            {"applies": True, "patches": [{"ok": True}]}]}), ""
+
+    def fake_run(cmd, **kw):
+        calls.append((cmd, kw["env"].get("ENABLE_XLKV"), kw["env"].get("X")))
+        return Done()
+
+    monkeypatch.setattr(configs.subprocess, "run", fake_run)
+    monkeypatch.setattr(configs, "_SHIM_ANSWERS", {})
+    settings = {"PY": "py-%s" % tmp_path.name}
+    for _ in range(3):
+        assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
+    assert len(calls) == 1 and calls[0][1] == "true", calls
+    assert configs.shim_supported("0.33.0", settings, {"X": "2"}) == (True, "")
+    assert len(calls) == 2, calls
