@@ -996,8 +996,8 @@ DETOK_TAIL_CLAIMS = [
     ("**{} repetitions per cell, alternated**", lambda: (cell(HOAB, "shim", 10, 10240)["reps"],)),
     ("One request of `shim-detok`'s second {} × c1 repetition failed",
      lambda: (10240,) if cell(HOAB, "shim-detok", 10, 10240)["failed"] == [0, 1] else ("?",)),
-    ("{}", lambda: (" ".join(l for l in ab_tables()[0] if re.match(r"\| \d", l)),)),
-    ("{}", lambda: (" ".join(l for l in ab_tables()[1] if re.match(r"\| \d", l)),)),
+    ("{}", lambda: (table_rows(HOAB, 0),)),
+    ("{}", lambda: (table_rows(HOAB, 1),)),
     ("one request at a time, P's answer's frontend part {} → {} ms and D's {} → {} ms (shim → `shim-detok`, means); "
      "{} at a time, D's frontend {} → {} ms and D's admission {} → {} ms",
      lambda: (f1(ab_sub("shim", 10240, 1, "p_frontend")), f1(ab_sub("shim-detok", 10240, 1, "p_frontend")),
@@ -1051,11 +1051,12 @@ DETOK_TAIL_CLAIMS = [
 ]
 
 
-def ab_tables():
-    """The two tables of report.handoff_markdown for the A/B run, as line lists (parts, then sub-parts)."""
-    lines = report.handoff_markdown(load(HOAB)).splitlines()
+def table_rows(name, which):
+    """The data rows, joined, of report.handoff_markdown's table ``which`` (0: the parts, 1: the sub-parts) for the
+    results file ``name``: the docs quote both tables whole."""
+    lines = report.handoff_markdown(load(name)).splitlines()
     cut = [i for i, l in enumerate(lines) if l.startswith("| tokens")][1]
-    return lines[:cut], lines[cut:]
+    return " ".join(l for l in (lines[:cut], lines[cut:])[which] if re.match(r"\| \d", l))
 
 
 def ab_part(config, length, conc, part):
@@ -1094,12 +1095,6 @@ def p50(c):
     return mean(c["median_ttft_ms"])
 
 
-def graphs_tables():
-    lines = report.handoff_markdown(load(GRAPHS)).splitlines()
-    cut = [i for i, l in enumerate(lines) if l.startswith("| tokens")][1]
-    return lines[:cut], lines[cut:]
-
-
 def below(a, b):
     """How far below b a lies, in percent of b, "6.8%"."""
     return "%.1f%%" % (100 * (1 - a / b))
@@ -1117,8 +1112,8 @@ GRAPHS_CLAIMS = [
     ("2 repetitions per start: **{} repetitions per cell, alternated** (`prefill_only-detok` at {} at a time: {}, the "
      "first call's time limit came before them)",
      lambda: (gr("shim-detok", 1)["reps"], 64, gr("prefill_only-detok", 64)["reps"])),
-    ("{}", lambda: (" ".join(l for l in graphs_tables()[0] if re.match(r"\| \d", l)),)),
-    ("{}", lambda: (" ".join(l for l in graphs_tables()[1] if re.match(r"\| \d", l)),)),
+    ("{}", lambda: (table_rows(GRAPHS, 0),)),
+    ("{}", lambda: (table_rows(GRAPHS, 1),)),
     ("`shim-detok` {} ms against its prefill alone's {} ms: {} ms mean, {} ms at p50 ({} vs {}, the repetitions' p50s "
      "averaged). Against prefill alone without the switch ({} ms) it is {}. `native` is {} ms, {} over its "
      "prefill alone",
