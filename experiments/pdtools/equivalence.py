@@ -180,7 +180,8 @@ def equiv_run(url, model, lengths, max_tokens, seed=0, **kw):
 
 
 def outputs_key(rec):
-    """What must be byte-identical: the token ids when known, the text otherwise."""
+    """What must be byte-identical: the token ids when known, the text otherwise (compare_runs also
+    compares the text where both runs have the ids)."""
     return rec["token_ids"] if rec.get("token_ids") is not None else rec.get("text")
 
 
@@ -203,6 +204,10 @@ def compare_runs(baseline, other):
         elif json.dumps(ka) != json.dumps(kb):
             problems.append("len %d: first difference at output position %d" % (a["prompt_len"],
                                                                                   _first_difference(ka, kb)))
+        elif a.get("token_ids") is not None and None not in (a.get("text"), b.get("text")) and a["text"] != b["text"]:
+            # the same ids with another text: the API server's detokenizer differs (XLKV_DETOK_TAIL's concern)
+            problems.append("len %d: same token ids, text differs at character %d" % (
+                a["prompt_len"], _first_difference(a["text"], b["text"])))
     return problems
 
 

@@ -379,6 +379,12 @@ def test_compare_runs_reports_position():
     b = [dict(a[0], token_ids=[10, 2, 4])]
     assert equivalence.compare_runs(a, b) == ["len 10: first difference at output position 2"]
     assert equivalence.compare_runs(a, a) == []
+    # the same ids with another text (a detokenizer that decoded the first token differently) is a mismatch
+    texted = [dict(a[0], text=" w5 w7")]
+    assert equivalence.compare_runs(texted, [dict(a[0], text="w5 w7")]) == [
+        "len 10: same token ids, text differs at character 0"]
+    assert equivalence.compare_runs(texted, texted) == []
+    assert equivalence.compare_runs(texted, [dict(a[0], text=None)]) == []   # a run without text: ids decide
 
 
 def test_extract_token_ids_fallbacks():
