@@ -15,11 +15,13 @@ Scenarios, each a P request (max_tokens 1, ``do_remote_decode``) then a D reques
 ``kv_transfer_params`` (greedy, ignore_eos, 8 tokens):
 
 ``normal`` (2 requests); ``hazard`` (a prompt ending in 68 special tokens: the switch must keep vLLM's
-stream there); ``read_failed`` (P's params pointing at an engine and port nobody serves: the handshake
-fails) to D and to Dr; ``d_abort`` (D's request aborted after its second output, through LLMEngine's
-``abort_request``); ``lease_expired`` (P's ``kv_lease_duration`` of 4 s passed before D reads);
-``after_faults``; ``dead_prefill`` (P answers, then P's engine is shut down, then D and Dr get its
-params); ``restarted_prefill`` (a new P, engine id P2: P2 then D and Dr); ``serving_on``.
+stream there); ``d_abort`` (D's request aborted after its second output, through LLMEngine's
+``abort_request``); ``lease_expired`` (P's lease, ``kv_lease_duration`` or VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+as the release names it, 4 s, passed before D reads); ``after_faults``; ``dead_prefill`` (P answers,
+then P's engine is shut down, then D and Dr get its params); ``restarted_prefill`` (a new P, engine id
+P2: P2 then D and Dr); ``serving_on``; ``read_failed`` (P2's params pointing at an engine and port
+nobody serves: the handshake fails) to D and to Dr, last because on vLLM 0.21.0 that takes D's engine
+core down, stock too; ``after_read_failed``.
 
 Each outcome keeps the token ids, the text, the finish reason and any exception (type and message,
 request ids masked).  Both modes' outcomes must be identical; the switches run must show the shim's
@@ -180,8 +182,6 @@ if __name__ == "__main__":
     pd("normal-1", words(2, 100))
     pd("normal-2", words(3, 100))
     pd("hazard", words(500, 40) + [1] * 68)
-    pd("read_failed", words(700, 100), d_roles=("D", "Dr"),
-       mangle=lambda p: dict(p, remote_engine_id="P-gone", remote_port=5999, remote_host="127.0.0.1"))
     pd("d_abort", words(900, 100), kind="abort", k=2)
     pd("lease_expired", words(1100, 100), wait=4 + 6)
     pd("after_faults", words(1300, 100), d_roles=("D", "Dr"))
@@ -197,6 +197,10 @@ if __name__ == "__main__":
     pair.wait_ready("P2")
     pd("restarted_prefill", words(1700, 100), p_role="P2", d_roles=("D", "Dr"))
     pd("serving_on", words(2, 100), p_role="P2")
+    # last, since on some releases a failed handshake takes D's engine core down (stock too)
+    pd("read_failed", words(700, 100), p_role="P2", d_roles=("D", "Dr"),
+       mangle=lambda p: dict(p, remote_engine_id="P-gone", remote_port=5999, remote_host="127.0.0.1"))
+    pd("after_read_failed", words(3, 100), p_role="P2", d_roles=("D", "Dr"))
     json.dump(results, open(out_path, "w"))
     for role in ("P2", "D", "Dr"):
         pair.stop(role)
