@@ -448,6 +448,8 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
             if l.startswith("pd:") and l != pd_base:
                 pd_vs_pd_stock[l] = compare_runs(runs[pd_base], runs[l])
     token_ids = {l: {str(r["prompt_len"]): outputs_key(r) for r in runs[l]} for l in labels}
+    # the answers' text, compared with the ids (compare_runs): kept so that a file shows what was compared
+    texts = {l: {str(r["prompt_len"]): r.get("text") for r in runs[l]} for l in labels}
     return {"baseline": base_label, "reference": reference, "local_vs_pd_stock": local_vs_pd_stock,
             "other_runner_vs_reference": other_runner,
             "prompt_lengths": list(lengths), "runs": rows, "mismatches": mismatches,
@@ -456,7 +458,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
             "transfers_pass": xfer_ok, "transfer_problems": xfer_problems, "transfers": transfers,
             "distinct_ids": distinct_ids(base), "negative_control": negative,
             "negative_control_pass": nc_ok if negative else None,
-            "pd_baseline": pd_base, "pd_vs_pd_stock": pd_vs_pd_stock, "token_ids": token_ids,
+            "pd_baseline": pd_base, "pd_vs_pd_stock": pd_vs_pd_stock, "token_ids": token_ids, "texts": texts,
             "configs": configs, "pass": bool(eq_ok and desc_ok and xfer_ok and nc_ok)}
 
 

@@ -166,7 +166,10 @@ def collect(rc, cell, console):
                 other.append(n)
     if other:
         print("run_gpu_cell: kept on the machine (not vLLM %s): %s" % (ver, " ".join(other)))
-    for f in [os.path.join(work, "cpu-stock.json"), os.path.join(work, "cpu-xlkv.json")] + \
+    # an EQ_JSON outside RESULT_DIR comes back too (it stayed on the machine in the lease of 2026-11-27 18:36)
+    eq_json = cell.settings.get("EQ_JSON")
+    extra = [eq_json] if eq_json and os.path.dirname(os.path.abspath(eq_json)) != os.path.abspath(result_dir) else []
+    for f in [os.path.join(work, "cpu-stock.json"), os.path.join(work, "cpu-xlkv.json")] + extra + \
             sorted(glob.glob(os.path.join(work, "*-registration.json"))):
         if os.path.isfile(f):
             shutil.copy(f, out)

