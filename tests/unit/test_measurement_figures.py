@@ -1164,7 +1164,44 @@ GRAPHS_CLAIMS = [
 ]
 
 
-CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + GRAPHS_CLAIMS, "deploy.md": DEPLOY}
+def upstream_h200(release):
+    """(tests, passed in each of stock / on / switches, differences) of vLLM's own NIXL tests on one H200; a
+    word that fails where the modes passed different counts."""
+    d = load("upstream-tests-%s-1xH200.json" % release)
+    modes = d["modes"]
+    passed = {modes[m]["passed"] for m in ("stock", "on", "switches")}
+    counts = {len(modes[m]["outcomes"]) for m in ("stock", "on", "switches")}
+    if len(passed) != 1 or len(counts) != 1:
+        return ("?", "?", "?")
+    return counts.pop(), passed.pop(), len(d["differ"]) + len(d["not_in_every_mode"])
+
+
+DETOK_EQ = {r: "2026-11-27-equivalence-%s-1xH200-detok-nc.json" % r for r in ("0.33.0", "0.29.0")}
+
+
+def detok_eq_words(release):
+    """PASS when the file passed and stock P/D, the switch's local run and its P/D run equal local stock with the
+    switch's P/D also equal to stock P/D; else FAIL."""
+    name = DETOK_EQ[release]
+    ok = (passed(name) == "PASS" and identical_ids(name, "pd:stock", "local:shim-detok", "pd:shim-detok")
+          and eq(name)["pd_vs_pd_stock"] == {"pd:shim-detok": []})
+    return verdict(ok)
+
+
+FAILURE_CLAIMS = [
+    ("vLLM 0.33.0: {} tests, {} passed in each mode, {} differences; vLLM 0.29.0: {} tests, {} passed in each mode, {} "
+     "differences; vLLM 0.26.0: {} tests, {} passed in each mode, {} differences; vLLM 0.21.0: {} tests, {} passed in "
+     "each mode, {} differences",
+     lambda: upstream_h200("0.33.0") + upstream_h200("0.29.0") + upstream_h200("0.26.0") + upstream_h200("0.21.0")),
+    ("vLLM 0.33.0 {} and vLLM 0.29.0 {}: token ids, the answers' text and top-5 logprobs of prompts of {} tokens "
+     "identical to local prefill and to stock P/D (max |Δlogprob| {}, `VLLM_BATCH_INVARIANT=1`); the negative control "
+     "(each request's first KV block given the next block's bytes) detected with other ids (max |Δlogprob| {} and {})",
+     lambda: (detok_eq_words("0.33.0"), detok_eq_words("0.29.0"), lengths(DETOK_EQ["0.33.0"]),
+              "%g" % max(lp(DETOK_EQ[r], "shim-detok") for r in DETOK_EQ),
+              "%.3f" % nc(DETOK_EQ["0.33.0"], "nc-shim-detok"), "%.3f" % nc(DETOK_EQ["0.29.0"], "nc-shim-detok"))),
+]
+
+CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS, "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
 #: code spans (`...`) that are file names, commands or settings, not results
