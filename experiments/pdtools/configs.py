@@ -13,7 +13,9 @@ experiments/negative_control/ first on its PYTHONPATH (the hook corrupts the KV 
 NC_CORRUPTION says how).
 """
 
+import hashlib
 import json
+import os
 import subprocess
 from collections import namedtuple
 
@@ -131,7 +133,8 @@ def server_settings(name, version, settings, pythonpath=""):
 
 #: shim_supported's answers in this process: (python, version, env) -> (ok, why).  A job asks once per
 #: config that needs the shim, and each question imports vLLM (about 24 s on a GPU machine: the
-#: 2026-11-27 15:52 lease paid it before every shim config's start)
+#: 2026-11-27 15:52 lease paid it before every shim config's start; the 21:35 lease, once per call, 19-29 s,
+#: so a "supported" answer is also kept in WORK for the next call on the same machine and shim)
 _SHIM_ANSWERS = {}
 
 
@@ -140,14 +143,69 @@ def shim_supported(version, settings, env):
     the flag on.  From a source checkout neither the .pth hook nor the plugin entry point is
     installed (sitecustomize.py activates it), so that "problem" is not held against it: the
     release must be in the supported range and at least one patch set must apply without errors.
-    The answer is kept for the same interpreter, release and environment (one question per job).
+    The answer is kept for the same interpreter, release and environment (one question per job), and a
+    "supported" one in WORK/shim-status-answers.json for later jobs with the same shim files as well.
     SHIM_CHECK=0 skips the check (tests with a fake vLLM)."""
     if settings.get("SHIM_CHECK", "1") == "0":
         return True, ""
     key = (settings.get("PY"), version, tuple(sorted(env.items())))
     if key not in _SHIM_ANSWERS:
-        _SHIM_ANSWERS[key] = _ask_status(version, settings, env)
+        kept = _kept_answers(settings)
+        digest = hashlib.sha256(json.dumps([key[0], key[1], key[2], shim_tree_digest()]).encode()).hexdigest()
+        if kept is not None and digest in kept:
+            _SHIM_ANSWERS[key] = (True, "")
+        else:
+            _SHIM_ANSWERS[key] = _ask_status(version, settings, env)
+            if kept is not None and _SHIM_ANSWERS[key][0]:
+                kept[digest] = True
+                _keep_answers(settings, kept)
     return _SHIM_ANSWERS[key]
+
+
+#: the shim's files whose content decides status's answer (the package and the checkout's activation hook)
+SHIM_TREE = [os.path.join(REPO_DIR, "xlkv_autopatch"), os.path.join(REPO_DIR, "sitecustomize.py")]
+
+
+def shim_tree_digest():
+    """sha256 over the shim's source files (paths and bytes): a kept answer holds only for the same shim."""
+    h = hashlib.sha256()
+    for top in SHIM_TREE:
+        paths = [top] if os.path.isfile(top) else sorted(
+            os.path.join(d, f) for d, dirs, files in os.walk(top) for f in files if not f.endswith(".pyc"))
+        for path in paths:
+            h.update(os.path.relpath(path, REPO_DIR).encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read() + b"\0")
+    return h.hexdigest()
+
+
+def _answers_file(settings):
+    work = settings.get("WORK")
+    return os.path.join(work, "shim-status-answers.json") if work else None
+
+
+def _kept_answers(settings):
+    """The positive answers kept in WORK by earlier jobs (a device call each, on the same warm machine): {digest:
+    True}; None without WORK.  Only "supported" is kept: a refusal is asked again."""
+    path = _answers_file(settings)
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        return kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _keep_answers(settings, kept):
+    path = _answers_file(settings)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(kept, f)
+    except OSError:
+        pass
 
 
 def _ask_status(version, settings, env):

@@ -239,3 +239,56 @@ def test_the_shim_check_is_asked_once_per_job_environment(monkeypatch, tmp_path)
     assert len(calls) == 1 and calls[0][1] == "true", calls
     assert configs.shim_supported("0.33.0", settings, {"X": "2"}) == (True, "")
     assert len(calls) == 2, calls
+
+
+def test_a_supported_answer_is_kept_in_work_for_the_next_job_with_the_same_shim(monkeypatch, tmp_path):
+    """The 2026-11-27 21:35 lease asked the shim's status once per device call (19-29 s each): a "supported"
+    answer is kept in WORK, so the next job (a new process, the same warm machine) does not ask again; a
+    changed shim file, another release or a refusal is asked again."""
+    calls = []
+    answer = {"supported": True}
+
+    class Done:
+        returncode, stderr = 0, ""
+
+        @property
+        def stdout(self):
+            return json.dumps({"supported": answer["supported"], "patch_sets": [
+                {"applies": True, "patches": [{"ok": True}]}]})
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return Done()
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(configs.subprocess, "run", fake_run)
+    monkeypatch.setattr(configs, "SHIM_TREE", [str(shim)])
+    settings = {"PY": "py", "WORK": str(tmp_path / "work")}
+
+    def new_job():
+        monkeypatch.setattr(configs, "_SHIM_ANSWERS", {})
+
+    new_job()
+    assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
+    assert len(calls) == 1
+    new_job()                                   # the next device call's job
+    assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
+    assert len(calls) == 1, "a kept answer was asked again"
+    new_job()
+    assert configs.shim_supported("0.29.0", settings, {"X": "1"}) == (True, "")
+    assert len(calls) == 2, "another release must be asked"
+    (shim / "a.py").write_text("x = 2\n")      # the shim changed between calls
+    new_job()
+    assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
+    assert len(calls) == 3, "a changed shim must be asked again"
+    (shim / "a.py").write_text("x = 3\n")
+    answer["supported"] = False                 # a refusal is not kept
+    for _ in range(2):
+        new_job()
+        ok, why = configs.shim_supported("0.33.0", settings, {"X": "1"})
+        assert not ok and "does not support" in why
+    assert len(calls) == 7, calls              # each refusal: status --json, then status for the message
+    new_job()
+    assert configs.shim_supported("0.33.0", dict(settings, WORK=None), {"X": "1"})[0] is False
