@@ -144,21 +144,22 @@ def shim_supported(version, settings, env):
     installed (sitecustomize.py activates it), so that "problem" is not held against it: the
     release must be in the supported range and at least one patch set must apply without errors.
     The answer is kept for the same interpreter, release and environment (one question per job), and a
-    "supported" one in WORK/shim-status-answers.json for later jobs with the same shim files as well.
+    "supported" one as a marker file in WORK/shim-supported/ for later jobs with the same shim files as well.
     SHIM_CHECK=0 skips the check (tests with a fake vLLM)."""
     if settings.get("SHIM_CHECK", "1") == "0":
         return True, ""
     key = (settings.get("PY"), version, tuple(sorted(env.items())))
     if key not in _SHIM_ANSWERS:
-        kept = _kept_answers(settings)
         digest = hashlib.sha256(json.dumps([key[0], key[1], key[2], shim_tree_digest()]).encode()).hexdigest()
-        if kept is not None and digest in kept:
+        work = settings.get("WORK")
+        marker = os.path.join(work, "shim-supported", digest) if work else None
+        if marker and os.path.exists(marker):
             _SHIM_ANSWERS[key] = (True, "")
         else:
             _SHIM_ANSWERS[key] = _ask_status(version, settings, env)
-            if kept is not None and _SHIM_ANSWERS[key][0]:
-                kept[digest] = True
-                _keep_answers(settings, kept)
+            if marker and _SHIM_ANSWERS[key][0]:      # only "supported" is kept: a refusal is asked again
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                open(marker, "w").close()
     return _SHIM_ANSWERS[key]
 
 
@@ -171,41 +172,12 @@ def shim_tree_digest():
     h = hashlib.sha256()
     for top in SHIM_TREE:
         paths = [top] if os.path.isfile(top) else sorted(
-            os.path.join(d, f) for d, dirs, files in os.walk(top) for f in files if not f.endswith(".pyc"))
+            os.path.join(d, f) for d, _, files in os.walk(top) for f in files if not f.endswith(".pyc"))
         for path in paths:
             h.update(os.path.relpath(path, REPO_DIR).encode() + b"\0")
             with open(path, "rb") as f:
                 h.update(f.read() + b"\0")
     return h.hexdigest()
-
-
-def _answers_file(settings):
-    work = settings.get("WORK")
-    return os.path.join(work, "shim-status-answers.json") if work else None
-
-
-def _kept_answers(settings):
-    """The positive answers kept in WORK by earlier jobs (a device call each, on the same warm machine): {digest:
-    True}; None without WORK.  Only "supported" is kept: a refusal is asked again."""
-    path = _answers_file(settings)
-    if path is None:
-        return None
-    try:
-        with open(path) as f:
-            kept = json.load(f)
-        return kept if isinstance(kept, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _keep_answers(settings, kept):
-    path = _answers_file(settings)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(kept, f)
-    except OSError:
-        pass
 
 
 def _ask_status(version, settings, env):
