@@ -150,9 +150,9 @@ def shim_supported(version, settings, env):
         return True, ""
     key = (settings.get("PY"), version, tuple(sorted(env.items())))
     if key not in _SHIM_ANSWERS:
-        digest = hashlib.sha256(json.dumps([key[0], key[1], key[2], shim_tree_digest()]).encode()).hexdigest()
         work = settings.get("WORK")
-        marker = os.path.join(work, "shim-supported", digest) if work else None
+        marker = os.path.join(work, "shim-supported", hashlib.sha256(
+            json.dumps(list(key) + [shim_tree_digest()]).encode()).hexdigest()) if work else None
         if marker and os.path.exists(marker):
             _SHIM_ANSWERS[key] = (True, "")
         else:

@@ -1078,17 +1078,18 @@ def reps(c):
     return ", ".join(f0(x) for x in c["mean_ttft_ms"])
 
 
-def gr(config, conc):
-    """A cell of the CUDA-graphs run (2026-11-27f), 10240 tokens; prefill alone has 10 prompts at c1 too."""
-    return cell(GRAPHS, config, 10 if conc == 1 else 64, 10240)
+def gr(config, conc, name=GRAPHS):
+    """A cell of a CUDA-graphs run (2026-11-27f, or 2026-11-27j for ``name=GRAPHS_C8``), 10240 tokens: 10, 32 and
+    64 prompts at 1, 8 and 64 at a time (prefill alone too)."""
+    return cell(name, config, {1: 10, 8: 32, 64: 64}[conc], 10240)
 
 
-def gr_row(config, conc):
-    return handoff_row(GRAPHS, config, 10240, conc)
+def gr_row(config, conc, name=GRAPHS):
+    return handoff_row(name, config, 10240, conc)
 
 
-def gr_part(config, conc, part, kind="parts"):
-    return gr_row(config, conc)[kind][part]["mean"]
+def gr_part(config, conc, part, kind="parts", name=GRAPHS):
+    return gr_row(config, conc, name)[kind][part]["mean"]
 
 
 def p50(c):
@@ -1165,17 +1166,10 @@ GRAPHS_CLAIMS = [
 ]
 
 
-def g8(config, conc):
-    """A cell of the 1/8/64 run with CUDA graphs (2026-11-27j), 10240 tokens: 10, 32 and 64 prompts."""
-    return cell(GRAPHS_C8, config, {1: 10, 8: 32, 64: 64}[conc], 10240)
-
-
-def g8_row(config, conc):
-    return handoff_row(GRAPHS_C8, config, 10240, conc)
-
-
-def g8_part(config, conc, part, kind="parts"):
-    return g8_row(config, conc)[kind][part]["mean"]
+# the 1/8/64 run with CUDA graphs (2026-11-27j)
+g8 = functools.partial(gr, name=GRAPHS_C8)
+g8_row = functools.partial(gr_row, name=GRAPHS_C8)
+g8_part = functools.partial(gr_part, name=GRAPHS_C8)
 
 
 def over(config, conc):
@@ -1191,10 +1185,9 @@ GRAPHS_C8_CLAIMS = [
      lambda: (g8("shim-detok", 1)["block_size"], g8("shim-detok", 1)["output_len"], g8("shim-detok", 1)["input_len"],
               g8("shim-detok", 1)["num_prompts"], g8("shim-detok", 8)["num_prompts"],
               g8("shim-detok", 64)["num_prompts"])),
-    ("**{} repetitions per cell**",
-     lambda: (lambda reps: reps.pop() if len(reps) == 1 else "differing")(
-         {g8(c, n)["reps"] for c in ("stock", "native", "shim-detok", "prefill_only", "prefill_only-detok")
-          for n in (1, 8, 64)})),
+    ("**{} repetitions per cell**",      # one number only where every cell has as many
+     lambda: "/".join(sorted({str(g8(c, n)["reps"]) for c in ("stock", "native", "shim-detok", "prefill_only",
+                                                             "prefill_only-detok") for n in (1, 8, 64)}))),
     ("{}", lambda: (table_rows(GRAPHS_C8, 0),)),
     ("{}", lambda: (table_rows(GRAPHS_C8, 1),)),
     ("**One at a time**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 60) and {} at p50 ({} vs {}); against "
@@ -1278,7 +1271,8 @@ FAILURE_CLAIMS = [
               "%.3f" % nc(DETOK_EQ["0.33.0"], "nc-shim-detok"), "%.3f" % nc(DETOK_EQ["0.29.0"], "nc-shim-detok"))),
 ]
 
-CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS, "deploy.md": DEPLOY}
+CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS,
+          "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
 #: code spans (`...`) that are file names, commands or settings, not results
