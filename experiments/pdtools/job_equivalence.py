@@ -208,6 +208,8 @@ def main(settings, eq_json=None):
             "vllm_version": version, "gpu": pair.gpu_slug, "model": pair.model, "block_size": s.get_int("BLOCK_SIZE"),
             "tp_p": pair.tp_p, "tp_d": pair.tp_d, "probe_len": probe_len, "max_tokens": max_tokens,
             "serve_args": " ".join(serve_args.split()), "batch_invariant": batch_invariant,
+            # the servers' own flag (pair.py adds --enforce-eager unless ENFORCE_EAGER=0), which serve_args omits
+            "cuda_graphs": s.get("ENFORCE_EAGER") == "0",
             "logprobs": n_logprobs,
             "negative_control_requested": nc_request + (" (included: %s)" % " ".join(include) if include else ""),
             "fragment_prompts": fragment_n, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -31,6 +31,13 @@ from .results import gpu_slug
 from .settings import EXIT_SETUP, EXP_DIR, NC_DIR, die, log, server_env
 
 
+#: how often a server's readiness and a stopped server's ports are polled (a localhost GET or connect each
+#: time): a start that took 80-160 s on a GPU is timed to this, and a test's stand-in servers, up in 0.3 s,
+#: are not waited on for seconds (with 2 s and 1 s here, tests/experiments/test_shell.py spent 164 of its
+#: 224 s asleep on 2026-11-28)
+READY_POLL_S = 0.2
+
+
 def port_in_use(port):
     s = socket.socket()
     s.settimeout(1.0)
@@ -295,7 +302,7 @@ class Pair:
                 with open(logf, errors="replace") as f:
                     sys.stderr.write("".join(f.readlines()[-60:]))
                 die(EXIT_SETUP, why)
-            time.sleep(2)
+            time.sleep(READY_POLL_S)
         log("%s ready after %ds" % (name, time.monotonic() - t0))
 
     def url(self, which, path):
@@ -355,7 +362,7 @@ class Pair:
         t0 = time.monotonic()
         ports = [self.settings.get(k) for k in ("PORT_D", "PORT_PROXY", "SIDE_D")]
         while any(port_in_use(p) for p in ports) and time.monotonic() - t0 < 30:
-            time.sleep(1)
+            time.sleep(READY_POLL_S)
         require_ports_free(*ports)
         log("restarting D as %s (P kept)" % cfg)
         self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x)) for x in ("d", "proxy"))
@@ -422,7 +429,7 @@ class Pair:
         t0 = time.monotonic()
         ports = [self.settings.get(k) for k in ("PORT_P", "PORT_D", "PORT_PROXY")]
         while any(port_in_use(p) for p in ports) and time.monotonic() - t0 < 30:
-            time.sleep(1)
+            time.sleep(READY_POLL_S)
         if self.procs:
             log("stopped %s" % " ".join(name for name, _, _ in self.procs))
         self.procs = []

@@ -376,6 +376,7 @@ def test_equivalence_end_to_end_with_fake_vllm(tmp_path):
     assert s["configs"]["shim"]["descriptors_per_block"] == pytest.approx(1)
     assert s["configs"]["shim"]["blocks_per_transfer"] == pytest.approx(100)  # PROBE_LEN 1600 / 16
     assert s["vllm_version"] == "0.21.0" and s["gpu"] == "2xH200"
+    assert s["cuda_graphs"] is False  # --enforce-eager, the default (ENFORCE_EAGER=0 records true)
     assert "IDENTICAL" in r.stdout and "=> PASS" in r.stdout
     # EQ_BATCH_INVARIANT=auto: the (fake) release knows the variable, so every server got it
     assert s["batch_invariant"] is True and "VLLM_BATCH_INVARIANT=1 (deterministic)" in r.stdout

@@ -65,12 +65,34 @@ def run_in(python, args, env=None, timeout=600, **kw):
 #: Checks that do not depend on the release's NIXL mechanism (activation, the harness's own
 #: fault detection) run on one release to keep CI inside its time: the newest one selected.
 #: XLKV_TEST_EVERYWHERE=1 runs them on every selected release.
+def _everywhere():
+    return os.environ.get("XLKV_TEST_EVERYWHERE", "").strip() in ("1", "true", "yes", "on")
+
+
+def _key(version):
+    return tuple(int(x) for x in version.split(".")[:3])
+
+
 def once_per_session(vllm_env, why):
-    if os.environ.get("XLKV_TEST_EVERYWHERE", "").strip() in ("1", "true", "yes", "on"):
+    if _everywhere():
         return
-    newest = max(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+    newest = max(RELEASES, key=_key)
     if vllm_env[0] != newest:
         pytest.skip("runs on vLLM %s only (%s; XLKV_TEST_EVERYWHERE=1 runs it on every release)" % (newest, why))
+
+
+#: Checks of a tool or a transport around vLLM's connector (the handoff trace, the allocation-order
+#: simulator, two hosts over a veth) whose release-dependent branches split once, between the oldest and
+#: the newest CI release: they run on those two (0.14.1 and 0.33.0 in CI), not on the releases between,
+#: whose connector code the per-release files (test_pd_transfer, test_hetero_tp, ...) cover.
+#: XLKV_TEST_EVERYWHERE=1 runs them on every selected release.
+def at_the_ends(vllm_env, why):
+    if _everywhere() or len(RELEASES) <= 2:
+        return
+    ends = (min(RELEASES, key=_key), max(RELEASES, key=_key))
+    if vllm_env[0] not in ends:
+        pytest.skip("runs on vLLM %s and %s only (%s; XLKV_TEST_EVERYWHERE=1 runs it on every release)"
+                    % (ends + (why,)))
 
 
 HARNESS = os.path.join(ROOT, "experiments", "cpu", "pd_harness.py")

@@ -5,9 +5,10 @@ transport over the veth (UCX_TLS=tcp, UCX_NET_DEVICES=the veth end): nothing of 
 from D's namespace but across the pair.  Checked there as on one host: bytes exact, descriptors
 as the compatibility matrix counted them on one host, a one-sided flag refused with its cause and
 D serving on, and the link taken down in the middle of a read and brought back (stock and
-flagged must come out the same).  Two harness runs (stock, flag on) on every selected release
-(CI's four: 0.14.1, 0.21.0, 0.26.0, 0.33.0; about 100 s each on 0.14-0.26), since the NIXL
-connector, its side channel and the shim's handshake differ by release.
+flagged must come out the same).  Two harness runs (stock, flag on) on the oldest and the newest
+selected release (CI: 0.14.1 and 0.33.0, 76 and 99 s on 2026-11-27; XLKV_TEST_EVERYWHERE=1: every
+release): the one release-dependent branch here (whether a stock decode survives a flagged peer)
+splits at 0.22, and the per-release connector and handshake are tests/real/test_pd_transfer.py's.
 
 Needs root (``ip netns add``); elsewhere every test here is skipped with the reason."""
 
@@ -17,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, harness, release_of
+from conftest import ROOT, at_the_ends, harness, release_of
 
 sys.path.insert(0, os.path.join(ROOT, "experiments", "cpu"))
 from pdharness import netns  # noqa: E402  (standard library only)
@@ -28,6 +29,7 @@ FLAP_S = "3"
 
 @pytest.fixture(scope="module")
 def two_hosts(vllm_env):
+    at_the_ends(vllm_env, "the veth around the connector; its per-release branch splits at 0.22")
     why = netns.unavailable()
     if why:
         pytest.skip("network namespaces cannot be made here: " + why)

@@ -294,6 +294,8 @@ DECAB = "2026-11-27e-0.33.0-2xH200-decode-native-shim-ab.json"
 DETOK2 = "2026-11-27e-detok-switch-cpu-0.29.0.json"
 GRAPHS = "2026-11-27f-0.33.0-2xH200-graphs-ab.json"
 GRAPHS_C8 = "2026-11-27j-0.33.0-2xH200-graphs-c8.json"
+GRAPHS_26 = "2026-11-28-0.26.0-2xH200-graphs-c8.json"
+EQ_GRAPHS_26 = "2026-11-28-equivalence-0.26.0-2xH200-graphs-detok-nc.json"
 
 
 # --------------------------------------------------------------------------- derived figures
@@ -1234,6 +1236,93 @@ GRAPHS_C8_CLAIMS = [
 ]
 
 
+# vLLM 0.26.0 at 1, 8 and 64 at a time with CUDA graphs (issue 41 items 1, 4 and 5): the run of 2026-11-28
+g26 = functools.partial(gr, name=GRAPHS_26)
+g26_row = functools.partial(gr_row, name=GRAPHS_26)
+g26_part = functools.partial(gr_part, name=GRAPHS_26)
+PD_26 = ("stock", "shim", "native-v1", "shim-detok")
+
+
+def over26(config, conc):
+    return "%+.0f" % g26_row(config, conc)["over_alone_ms"]
+
+
+def without_outlier(c):
+    """A cell's repetitions' mean TTFTs less the highest one, averaged."""
+    xs = sorted(c["mean_ttft_ms"])[:-1]
+    return mean(xs)
+
+
+GRAPHS_26_CLAIMS = [
+    ("## vLLM {} at {}, {} and {} at a time with CUDA graphs",
+     lambda: (load(GRAPHS_26)["vllm_version"],) + tuple(sorted({c["max_concurrency"] for c in load(GRAPHS_26)["cells"]}))),
+    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs (`ENFORCE_EAGER=0`), `HANDOFF_TRACE=1`, "
+     "{}-token prompts: {} one at a time, {} at 8 at a time, {} at 64",
+     lambda: (g26("shim-detok", 1)["block_size"], g26("shim-detok", 1)["output_len"], g26("shim-detok", 1)["input_len"],
+              g26("shim-detok", 1)["num_prompts"], g26("shim-detok", 8)["num_prompts"],
+              g26("shim-detok", 64)["num_prompts"])),
+    ("**{} repetitions per cell**",
+     lambda: "/".join(sorted({str(g26(c, n)["reps"]) for c in PD_26 + ("prefill_only", "prefill_only-detok")
+                              for n in (1, 8, 64)}))),
+    ("{} failed requests", lambda: sum(sum(g26(c, n)["failed"]) for c in PD_26 for n in (1, 8, 64))),
+    ("{}", lambda: (table_rows(GRAPHS_26, 0),)),
+    ("{}", lambda: (table_rows(GRAPHS_26, 1),)),
+    ("**One at a time**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 60) and {} at p50 ({} vs {}). The "
+     "shim without the switch {} ms ({}), `native-v1` {} ({}), stock {} ({})",
+     lambda: (pm(g26("shim-detok", 1)), over26("shim-detok", 1), pm(g26("prefill_only-detok", 1)),
+              "%+.0f" % (p50(g26("shim-detok", 1)) - p50(g26("prefill_only-detok", 1))),
+              f1(p50(g26("shim-detok", 1))), f1(p50(g26("prefill_only-detok", 1))),
+              pm(g26("shim", 1)), over26("shim", 1), pm(g26("native-v1", 1)), over26("native-v1", 1),
+              pm(g26("stock", 1)), over26("stock", 1))),
+    ("D's admission {} ms, the transfer {} ms, D's first token {} ms (its one-token forward {} ms), allocation, dispatch "
+     "and notice {} ms together; P's own parts in P/D (admission {}, prefill {}, answer {} ms)",
+     lambda: (f1(g26_part("shim-detok", 1, "d_admission")), f1(g26_part("shim-detok", 1, "transfer")),
+              f1(g26_part("shim-detok", 1, "d_first_token")), f1(g26_part("shim-detok", 1, "d_forward", "subparts")),
+              f1(sum(g26_part("shim-detok", 1, k) for k in ("d_alloc", "d_dispatch", "d_notice"))),
+              f1(g26_part("shim-detok", 1, "p_admission")), f1(g26_part("shim-detok", 1, "p_prefill")),
+              f1(g26_part("shim-detok", 1, "p_answer")))),
+    ("**8 at a time**: `shim-detok` {} ms, the shim {}, `native-v1` {}, stock {} ({}): the shim with the switch is {} "
+     "below `native-v1`, without it {}. `shim-detok` is {} ms below its prefill alone ({})",
+     lambda: (pm(g26("shim-detok", 8)), pm(g26("shim", 8)), pm(g26("native-v1", 8)), pm(g26("stock", 8)),
+              span(g26("stock", 8)["mean_ttft_ms"]), below(ttft(g26("shim-detok", 8)), ttft(g26("native-v1", 8))),
+              below(ttft(g26("shim", 8)), ttft(g26("native-v1", 8))),
+              f0(-g26_row("shim-detok", 8)["over_alone_ms"]), pm(g26("prefill_only-detok", 8)))),
+    ("**{} × {}**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 150); `native-v1` {} ({}); the shim "
+     "without the switch {} ({}); stock {}. The shim with the switch is {} below `native-v1` (goal ≥ 10%), without it {}",
+     lambda: (64, 10240, pm(g26("shim-detok", 64)), over26("shim-detok", 64), pm(g26("prefill_only-detok", 64)),
+              pm(g26("native-v1", 64)), over26("native-v1", 64), pm(g26("shim", 64)), over26("shim", 64),
+              pm(g26("stock", 64)), below(ttft(g26("shim-detok", 64)), ttft(g26("native-v1", 64))),
+              below(ttft(g26("shim", 64)), ttft(g26("native-v1", 64))))),
+    ("prefill alone at {} had one repetition at {} ms (the others {}), so its mean, {} ± {}, flatters the configs "
+     "compared with it: against the other two repetitions' mean ({} ms) the shim is {} and `native-v1` {}",
+     lambda: (64, f0(max(g26("prefill_only", 64)["mean_ttft_ms"])),
+              ", ".join(f0(x) for x in sorted(g26("prefill_only", 64)["mean_ttft_ms"])[:-1]),
+              f0(ttft(g26("prefill_only", 64))), f0(g26("prefill_only", 64)["mean_ttft_ms_std"]),
+              f0(without_outlier(g26("prefill_only", 64))),
+              "%+.0f" % (ttft(g26("shim", 64)) - without_outlier(g26("prefill_only", 64))),
+              "%+.0f" % (ttft(g26("native-v1", 64)) - without_outlier(g26("prefill_only", 64))))),
+    ("**Where `native-v1` loses at {}**: D's admission {} vs {} ms, D's first token {} vs {} ms (its frontend {} vs {}), "
+     "P's answer {} vs {} ms, the transfer {} vs {} ms",
+     lambda: (64,) + tuple(f1(g26_part(c, 64, k, kind)) for k, kind in (
+         ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
+         ("transfer", "parts")) for c in ("native-v1", "shim-detok"))),
+    ("**Stock** at {} and {}: D's transfer {} and {} ms mean (the shim's {} and {}), its D frontend {} and {} ms",
+     lambda: (8, 64, f1(g26_part("stock", 8, "transfer")), f1(g26_part("stock", 64, "transfer")),
+              f1(g26_part("shim", 8, "transfer")), f1(g26_part("shim", 64, "transfer")),
+              f1(g26_part("stock", 8, "d_frontend", "subparts")), f1(g26_part("stock", 64, "d_frontend", "subparts")))),
+    ("**Equivalence with CUDA graphs** (issue 41 item 4), the same lease, P on GPU 0 and D on GPU 1, `EQ_CONFIGS=\"stock "
+     "shim-detok\"` with the negative control: **{}**. Token ids of prompts of {} tokens identical for stock P/D, "
+     "`shim-detok` local and `shim-detok` P/D against local stock; `shim-detok`'s logprobs {} from stock's, local and "
+     "P/D alike, and {} between its P/D and its local run; the negative control detected with other ids (max "
+     "|Δlogprob| {})",
+     lambda: (verdict(passed(EQ_GRAPHS_26) == "PASS"
+                      and identical_ids(EQ_GRAPHS_26, "pd:stock", "local:shim-detok", "pd:shim-detok")),
+              lengths(EQ_GRAPHS_26), "%.2e" % lp(EQ_GRAPHS_26, "shim-detok"),
+              "%g" % lp(EQ_GRAPHS_26, "shim-detok", "max_logprob_diff_pd_vs_local"),
+              "%.3f" % nc(EQ_GRAPHS_26, "nc-shim-detok"))),
+]
+
+
 def upstream_h200(release):
     """(tests, passed in each of stock / on / switches, differences) of vLLM's own NIXL tests on one H200; a
     word that fails where the modes passed different counts."""
@@ -1271,7 +1360,8 @@ FAILURE_CLAIMS = [
               "%.3f" % nc(DETOK_EQ["0.33.0"], "nc-shim-detok"), "%.3f" % nc(DETOK_EQ["0.29.0"], "nc-shim-detok"))),
 ]
 
-CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS,
+CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS
+                             + GRAPHS_26_CLAIMS,
           "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
