@@ -148,7 +148,7 @@ def shim_supported(version, settings, env):
     SHIM_CHECK=0 skips the check (tests with a fake vLLM)."""
     if settings.get("SHIM_CHECK", "1") == "0":
         return True, ""
-    key = (settings.get("PY"), version, tuple(sorted(env.items())))
+    key = (settings.get("PY"), version, tuple(sorted((k, v) for k, v in env.items() if _status_reads(k))))
     if key not in _SHIM_ANSWERS:
         work = settings.get("WORK")
         marker = os.path.join(work, "shim-supported", hashlib.sha256(
@@ -161,6 +161,19 @@ def shim_supported(version, settings, env):
                 os.makedirs(os.path.dirname(marker), exist_ok=True)
                 open(marker, "w").close()
     return _SHIM_ANSWERS[key]
+
+
+#: the environment variables that can change status's answer: the shim's knobs, vLLM's and the transfer
+#: libraries' settings, and what decides which code and libraries the child imports.  The rest of a job's
+#: environment (the device's per-call $OUT folder, shell variables) is left out of the key, so that a kept
+#: answer is found by the next device call (on 2026-11-28 the lease's third bench call asked again, 20 s, though the
+#: second had kept the answer: the whole environment was the key, likely with the device's per-call $OUT in it).
+STATUS_ENV_PREFIXES = ("XLKV_", "ENABLE_XLKV", "VLLM_", "UCX_", "NIXL_", "CUDA_", "TORCH_")
+STATUS_ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "HF_HOME")
+
+
+def _status_reads(name):
+    return name.startswith(STATUS_ENV_PREFIXES) or name in STATUS_ENV_NAMES
 
 
 #: the shim's files whose content decides status's answer (the package and the checkout's activation hook)

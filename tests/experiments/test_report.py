@@ -228,16 +228,19 @@ def test_the_shim_check_is_asked_once_per_job_environment(monkeypatch, tmp_path)
             {"applies": True, "patches": [{"ok": True}]}]}), ""
 
     def fake_run(cmd, **kw):
-        calls.append((cmd, kw["env"].get("ENABLE_XLKV"), kw["env"].get("X")))
+        calls.append((cmd, kw["env"].get("ENABLE_XLKV"), kw["env"].get("XLKV_X")))
         return Done()
 
     monkeypatch.setattr(configs.subprocess, "run", fake_run)
     monkeypatch.setattr(configs, "_SHIM_ANSWERS", {})
     settings = {"PY": "py-%s" % tmp_path.name}
     for _ in range(3):
-        assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
+        assert configs.shim_supported("0.33.0", settings, {"XLKV_X": "1"}) == (True, "")
     assert len(calls) == 1 and calls[0][1] == "true", calls
-    assert configs.shim_supported("0.33.0", settings, {"X": "2"}) == (True, "")
+    assert configs.shim_supported("0.33.0", settings, {"XLKV_X": "2"}) == (True, "")
+    assert len(calls) == 2, calls
+    # a variable status does not read (a shell's, or the device's per-call $OUT) is not another environment
+    assert configs.shim_supported("0.33.0", settings, {"XLKV_X": "2", "OUT": "/tmp/out-2"}) == (True, "")
     assert len(calls) == 2, calls
 
 
@@ -273,8 +276,8 @@ def test_a_supported_answer_is_kept_in_work_for_the_next_job_with_the_same_shim(
     new_job()
     assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
     assert len(calls) == 1
-    new_job()                                   # the next device call's job
-    assert configs.shim_supported("0.33.0", settings, {"X": "1"}) == (True, "")
+    new_job()                                   # the next device call's job, with its own $OUT folder
+    assert configs.shim_supported("0.33.0", settings, {"X": "1", "OUT": "/tmp/out-call-2"}) == (True, "")
     assert len(calls) == 1, "a kept answer was asked again"
     new_job()
     assert configs.shim_supported("0.29.0", settings, {"X": "1"}) == (True, "")
