@@ -1178,18 +1178,31 @@ def over(config, conc):
     return "%+.0f" % g8_row(config, conc)["over_alone_ms"]
 
 
+SETUP_WORDS = ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs (`ENFORCE_EAGER=0`), "
+               "`HANDOFF_TRACE=1`, {}-token prompts: {} one at a time, {} at 8 at a time, {} at 64")
+
+
+def setup_figures(g):
+    """The set-up of a run at 1, 8 and 64 at a time (``g``: its cell getter), as SETUP_WORDS says it."""
+    c = g("shim-detok", 1)
+    return (c["block_size"], c["output_len"], c["input_len"], c["num_prompts"], g("shim-detok", 8)["num_prompts"],
+            g("shim-detok", 64)["num_prompts"])
+
+
+def reps_per_cell(g, pd_configs):
+    """The repetitions of every cell of the P/D configs and both prefills alone at 1, 8 and 64: one number only where
+    every cell has as many."""
+    return "/".join(sorted({str(g(c, n)["reps"]) for c in tuple(pd_configs) + ("prefill_only", "prefill_only-detok")
+                            for n in (1, 8, 64)}))
+
+
 # CUDA graphs at 1, 8 and 64 at a time (issue 41 item 5): the run of 2026-11-27j, against the run of 2026-11-27f
 GRAPHS_C8_CLAIMS = [
     ("## At {}, {} and {} at a time with CUDA graphs",
      lambda: tuple(sorted({c["max_concurrency"] for c in load(GRAPHS_C8)["cells"]}))),
-    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs (`ENFORCE_EAGER=0`), `HANDOFF_TRACE=1`, "
-     "{}-token prompts: {} one at a time, {} at 8 at a time, {} at 64",
-     lambda: (g8("shim-detok", 1)["block_size"], g8("shim-detok", 1)["output_len"], g8("shim-detok", 1)["input_len"],
-              g8("shim-detok", 1)["num_prompts"], g8("shim-detok", 8)["num_prompts"],
-              g8("shim-detok", 64)["num_prompts"])),
+    (SETUP_WORDS, lambda: setup_figures(g8)),
     ("**{} repetitions per cell**",      # one number only where every cell has as many
-     lambda: "/".join(sorted({str(g8(c, n)["reps"]) for c in ("stock", "native", "shim-detok", "prefill_only",
-                                                             "prefill_only-detok") for n in (1, 8, 64)}))),
+     lambda: reps_per_cell(g8, ("stock", "native", "shim-detok"))),
     ("{}", lambda: (table_rows(GRAPHS_C8, 0),)),
     ("{}", lambda: (table_rows(GRAPHS_C8, 1),)),
     ("**One at a time**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 60) and {} at p50 ({} vs {}); against "
@@ -1256,14 +1269,8 @@ def without_outlier(c):
 GRAPHS_26_CLAIMS = [
     ("## vLLM {} at {}, {} and {} at a time with CUDA graphs",
      lambda: (load(GRAPHS_26)["vllm_version"],) + tuple(sorted({c["max_concurrency"] for c in load(GRAPHS_26)["cells"]}))),
-    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs (`ENFORCE_EAGER=0`), `HANDOFF_TRACE=1`, "
-     "{}-token prompts: {} one at a time, {} at 8 at a time, {} at 64",
-     lambda: (g26("shim-detok", 1)["block_size"], g26("shim-detok", 1)["output_len"], g26("shim-detok", 1)["input_len"],
-              g26("shim-detok", 1)["num_prompts"], g26("shim-detok", 8)["num_prompts"],
-              g26("shim-detok", 64)["num_prompts"])),
-    ("**{} repetitions per cell**",
-     lambda: "/".join(sorted({str(g26(c, n)["reps"]) for c in PD_26 + ("prefill_only", "prefill_only-detok")
-                              for n in (1, 8, 64)}))),
+    (SETUP_WORDS, lambda: setup_figures(g26)),
+    ("**{} repetitions per cell**", lambda: reps_per_cell(g26, PD_26)),
     ("{} failed requests", lambda: sum(sum(g26(c, n)["failed"]) for c in PD_26 for n in (1, 8, 64))),
     ("{}", lambda: (table_rows(GRAPHS_26, 0),)),
     ("{}", lambda: (table_rows(GRAPHS_26, 1),)),
