@@ -81,10 +81,10 @@ def once_per_session(vllm_env, why):
         pytest.skip("runs on vLLM %s only (%s; XLKV_TEST_EVERYWHERE=1 runs it on every release)" % (newest, why))
 
 
-#: Checks of a tool or a transport around vLLM's connector (the handoff trace, the allocation-order
-#: simulator, two hosts over a veth) whose release-dependent branches split once, between the oldest and
-#: the newest CI release: they run on those two (0.14.1 and 0.33.0 in CI), not on the releases between,
-#: whose connector code the per-release files (test_pd_transfer, test_hetero_tp, ...) cover.
+#: Checks of a transport around vLLM's connector (two hosts over a veth) whose release-dependent branches
+#: split once, between the oldest and the newest CI release: they run on those two (0.14.1 and 0.33.0 in
+#: CI), not on the releases between, whose connector code the per-release files (test_pd_transfer,
+#: test_hetero_tp, ...) cover.
 #: XLKV_TEST_EVERYWHERE=1 runs them on every selected release.
 def at_the_ends(vllm_env, why):
     if _everywhere():

@@ -1,4 +1,4 @@
-"""experiments/probes/alloc_order_sim.py on the real vLLM BlockPool of the oldest and the newest CI release, with real NIXL
+"""experiments/probes/alloc_order_sim.py on the real vLLM BlockPool of the newest CI release, with real NIXL
 as the judge: the block lists vLLM's pool hands out under a churned free queue are moved by
 NIXL (UCX on host memory), in vLLM's order and in transfer_order's, and the descriptor counts
 the simulator reports (the shim's arithmetic, layout.merged_descriptor_count) must be the
@@ -8,14 +8,14 @@ issue 14's analysis rests on is then taken from NIXL's counts, not from the arit
 import json
 import os
 
-from conftest import ROOT, at_the_ends, run_in
+from conftest import ROOT, once_per_session, run_in
 
 SIM = os.path.join(ROOT, "experiments", "probes", "alloc_order_sim.py")
 CHECKED = 8  # requests per policy moved by NIXL
 
 
 def test_alloc_order_sim_counts_are_nixls_on_the_real_block_pool(vllm_env, tmp_path):
-    at_the_ends(vllm_env, "an experiments tool around vLLM's BlockPool")
+    once_per_session(vllm_env, "an experiments tool around vLLM's BlockPool")
     out = tmp_path / "sim.json"
     r = run_in(vllm_env[1], [SIM, "--blocks", "6000", "--len", "2048", "--n", "32", "--frag", "120",
                              "--frag-len", "512", "--reps", "2", "--nixl-check", str(CHECKED), "--out", str(out)],

@@ -1,5 +1,5 @@
 """The lab's handoff trace (experiments/negative_control/xlkv_handoff_trace.py, issue 41 item 1) on
-real vLLM + NIXL, on the oldest and the newest CI release (0.14.1, 0.33.0): armed through the negative-control folder's sitecustomize as
+real vLLM + NIXL, on the newest CI release (0.33.0; XLKV_TEST_EVERYWHERE=1: every release): armed through the negative-control folder's sitecustomize as
 pdtools/pair.py arms it (HANDOFF_TRACE=1), it wraps every KV-connector method the release's
 NixlConnector has, changes no byte the harness moves, and writes the worker-side events of every
 request in the order a read goes through.  The scheduler-side events need vLLM's engine core (the
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, at_the_ends, harness, once_per_session, release_of, run_in
+from conftest import ROOT, harness, once_per_session, release_of, run_in
 
 NC_DIR = os.path.join(ROOT, "experiments", "negative_control")
 SCHED = "vllm.v1.core.sched.scheduler"
@@ -59,7 +59,7 @@ def _check(vllm_env, res, lines):
 
 
 def test_trace_wraps_every_connector_method_and_moves_the_same_bytes(vllm_env, tmp_path):
-    at_the_ends(vllm_env, "an experiments tool; its one release branch splits at 0.20")
+    once_per_session(vllm_env, "an experiments tool, used on GPUs with 0.21+")
     res, lines = _traced(vllm_env, tmp_path, "traced")
     _check(vllm_env, res, lines)
 
@@ -73,9 +73,9 @@ def test_trace_beside_the_shim(vllm_env, tmp_path):
 
 def test_trace_wraps_vllms_scheduler(vllm_env, tmp_path):
     """The first-token events (first_run, first_out) wrap vLLM's own Scheduler.schedule and update_from_output,
-    on the oldest and the newest release: the harness above imports the Scheduler on 0.33.0 only, so this imports it
+    on the newest release: the harness above imports the Scheduler on 0.33.0 only, so this imports it
     itself."""
-    at_the_ends(vllm_env, "an experiments tool")
+    once_per_session(vllm_env, "an experiments tool, used on GPUs with 0.21+")
     folder = tmp_path / "trace"
     code = ("import vllm.v1.core.sched.scheduler as m; "
             "print(' '.join(type(vars(m.Scheduler)[a]).__name__ for a in ('schedule', 'update_from_output')))")
