@@ -62,9 +62,6 @@ def run_in(python, args, env=None, timeout=600, **kw):
                           cwd=kw.pop("cwd", "/"), **kw)
 
 
-#: Checks that do not depend on the release's NIXL mechanism (activation, the harness's own
-#: fault detection) run on one release to keep CI inside its time: the newest one selected.
-#: XLKV_TEST_EVERYWHERE=1 runs them on every selected release.
 def _everywhere():
     return os.environ.get("XLKV_TEST_EVERYWHERE", "").strip() in ("1", "true", "yes", "on")
 
@@ -73,6 +70,9 @@ def _key(version):
     return tuple(int(x) for x in version.split(".")[:3])
 
 
+#: Checks that do not depend on the release's NIXL mechanism (activation, the harness's own
+#: fault detection, the lab's tools) run on one release to keep CI inside its time: the newest one
+#: selected.  XLKV_TEST_EVERYWHERE=1 runs them on every selected release.
 def once_per_session(vllm_env, why):
     if _everywhere():
         return
