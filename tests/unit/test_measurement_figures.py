@@ -1174,8 +1174,9 @@ g8_row = functools.partial(gr_row, name=GRAPHS_C8)
 g8_part = functools.partial(gr_part, name=GRAPHS_C8)
 
 
-def over(config, conc):
-    return "%+.0f" % g8_row(config, conc)["over_alone_ms"]
+def over(config, conc, name=GRAPHS_C8):
+    """A P/D cell's TTFT over its prefill alone, "+22", in a 1/8/64 run (2026-11-27j unless ``name``)."""
+    return "%+.0f" % gr_row(config, conc, name)["over_alone_ms"]
 
 
 SETUP_WORDS = ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs (`ENFORCE_EAGER=0`), "
@@ -1256,14 +1257,16 @@ g26_part = functools.partial(gr_part, name=GRAPHS_26)
 PD_26 = ("stock", "shim", "native-v1", "shim-detok")
 
 
-def over26(config, conc):
-    return "%+.0f" % g26_row(config, conc)["over_alone_ms"]
+over26 = functools.partial(over, name=GRAPHS_26)
+
+
+def but_highest(c):
+    """A cell's repetitions' mean TTFTs less the highest one, in ascending order."""
+    return sorted(c["mean_ttft_ms"])[:-1]
 
 
 def without_outlier(c):
-    """A cell's repetitions' mean TTFTs less the highest one, averaged."""
-    xs = sorted(c["mean_ttft_ms"])[:-1]
-    return mean(xs)
+    return mean(but_highest(c))
 
 
 GRAPHS_26_CLAIMS = [
@@ -1303,7 +1306,7 @@ GRAPHS_26_CLAIMS = [
     ("prefill alone at {} had one repetition at {} ms (the others {}), so its mean, {} ± {}, flatters the configs "
      "compared with it: against the other two repetitions' mean ({} ms) the shim is {} and `native-v1` {}",
      lambda: (64, f0(max(g26("prefill_only", 64)["mean_ttft_ms"])),
-              ", ".join(f0(x) for x in sorted(g26("prefill_only", 64)["mean_ttft_ms"])[:-1]),
+              ", ".join(f0(x) for x in but_highest(g26("prefill_only", 64))),
               f0(ttft(g26("prefill_only", 64))), f0(g26("prefill_only", 64)["mean_ttft_ms_std"]),
               f0(without_outlier(g26("prefill_only", 64))),
               "%+.0f" % (ttft(g26("shim", 64)) - without_outlier(g26("prefill_only", 64))),
