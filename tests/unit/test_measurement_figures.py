@@ -296,6 +296,8 @@ GRAPHS = "2026-11-27f-0.33.0-2xH200-graphs-ab.json"
 GRAPHS_C8 = "2026-11-27j-0.33.0-2xH200-graphs-c8.json"
 GRAPHS_26 = "2026-11-28-0.26.0-2xH200-graphs-c8.json"
 EQ_GRAPHS_26 = "2026-11-28-equivalence-0.26.0-2xH200-graphs-detok-nc.json"
+GRAPHS_33B = "2026-11-28b-0.33.0-2xH200-graphs-c8.json"
+EQ_GRAPHS_33 = "2026-11-28b-equivalence-0.33.0-2xH200-graphs-detok-nc.json"
 
 
 # --------------------------------------------------------------------------- derived figures
@@ -1333,6 +1335,83 @@ GRAPHS_26_CLAIMS = [
 ]
 
 
+# vLLM 0.33.0 at 1, 8 and 64 at a time with CUDA graphs, a second start (issue 41 items 4 and 5): the run of
+# 2026-11-28b, with the shim without the switch; against 2026-11-27f (gr) and 2026-11-27j (g8)
+g33 = functools.partial(gr, name=GRAPHS_33B)
+g33_part = functools.partial(gr_part, name=GRAPHS_33B)
+over33 = functools.partial(over, name=GRAPHS_33B)
+PD_33B = ("shim", "native", "shim-detok")
+
+
+def max_lp_all(name, configs):
+    """The largest max |Δlogprob| of the configs' local and P/D runs against the reference, "%g"."""
+    return "%g" % max(lp(name, c) for c in configs)
+
+
+GRAPHS_33B_CLAIMS = [
+    ("## vLLM {} at {}, {} and {} at a time with CUDA graphs, a second start",
+     lambda: (load(GRAPHS_33B)["vllm_version"],) + tuple(sorted({c["max_concurrency"] for c in load(GRAPHS_33B)["cells"]}))),
+    (SETUP_WORDS, lambda: setup_figures(g33)),
+    ("**{} repetitions per cell**, {} failed requests",
+     lambda: (reps_per_cell(g33, PD_33B),
+              sum(sum(g33(c, n)["failed"]) for c in PD_33B + ("prefill_only", "prefill_only-detok") for n in (1, 8, 64)))),
+    ("{}", lambda: (table_rows(GRAPHS_33B, 0),)),
+    ("{}", lambda: (table_rows(GRAPHS_33B, 1),)),
+    ("**One at a time**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 60) and {} at p50 ({} vs {}). The "
+     "shim without the switch {} ms ({}), `native` {} ({}). Over the three runs of 0.33.0 with CUDA graphs, `shim-detok` "
+     "is {}, {} and {} over its prefill alone one at a time",
+     lambda: (pm(g33("shim-detok", 1)), over33("shim-detok", 1), pm(g33("prefill_only-detok", 1)),
+              "%+.0f" % (p50(g33("shim-detok", 1)) - p50(g33("prefill_only-detok", 1))),
+              f1(p50(g33("shim-detok", 1))), f1(p50(g33("prefill_only-detok", 1))),
+              pm(g33("shim", 1)), over33("shim", 1), pm(g33("native", 1)), over33("native", 1),
+              "%+.0f" % gr_row("shim-detok", 1)["over_alone_ms"], over("shim-detok", 1), over33("shim-detok", 1))),
+    ("its transfer is {} ms one at a time like `native`'s ({} descriptors per transfer each; both layouts make a block one "
+     "region), and {} against {} ms at {}. Its {} ms more one at a time lie in the API servers' parts",
+     lambda: (f1(g33_part("shim", 1, "transfer")) if f1(g33_part("shim", 1, "transfer")) == f1(g33_part("native", 1, "transfer"))
+              else "?", f1(g33("shim", 1)["avg_descriptors_per_transfer"])
+              if f1(g33("shim", 1)["avg_descriptors_per_transfer"]) == f1(g33("native", 1)["avg_descriptors_per_transfer"])
+              else "?", f1(g33_part("shim", 64, "transfer")), f1(g33_part("native", 64, "transfer")), 64,
+              f0(ttft(g33("shim", 1)) - ttft(g33("native", 1))))),
+    ("P's admission {} vs {} ms, P's frontend {} vs {}, D's admission {} vs {}, D's frontend {} vs {}. `native` one at a "
+     "time took {} ms in the run of 2026-11-27j and {} here",
+     lambda: tuple(f1(g33_part(c, 1, k, kind)) for k, kind in (
+         ("p_admission", "parts"), ("p_frontend", "subparts"), ("d_admission", "parts"), ("d_frontend", "subparts"))
+         for c in ("shim", "native")) + (pm(g8("native", 1)), pm(g33("native", 1)))),
+    ("At {} the shim is {} ms and `native` {} ({}), spreads that overlap",
+     lambda: (64, pm(g33("shim", 64)), pm(g33("native", 64)), span(g33("native", 64)["mean_ttft_ms"]))),
+    ("**8 at a time**: `shim-detok` {} ms, `native` {}, the shim {}: the shim with the switch is {} below `native`",
+     lambda: (pm(g33("shim-detok", 8)), pm(g33("native", 8)), pm(g33("shim", 8)),
+              below(ttft(g33("shim-detok", 8)), ttft(g33("native", 8))))),
+    ("**{} × {}**: `shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 150); `native` {} ({} over {}). The shim "
+     "with the switch is {} below `native` (goal ≥ 10%). Over the three runs that had both (2026-11-27f, 2026-11-27j, "
+     "here) it was {}, {} and {}: `shim-detok` took {}, {} and {} ms, `native` {}, {} and {}. **The goal of ≥ 10% below "
+     "vLLM's best own configuration at {} × {} is met in {} run of three**",
+     lambda: (64, 10240, pm(g33("shim-detok", 64)), over33("shim-detok", 64), pm(g33("prefill_only-detok", 64)),
+              pm(g33("native", 64)), over33("native", 64), pm(g33("prefill_only", 64)),
+              below(ttft(g33("shim-detok", 64)), ttft(g33("native", 64))))
+     + tuple(below(ttft(g("shim-detok", 64)), ttft(g("native", 64))) for g in (gr, g8, g33))
+     + tuple(f0(ttft(g("shim-detok", 64))) for g in (gr, g8, g33))
+     + tuple(f0(ttft(g("native", 64))) for g in (gr, g8, g33))
+     + (64, 10240, {0: "no", 1: "one", 2: "two", 3: "every"}[
+         sum(ttft(g("shim-detok", 64)) <= 0.9 * ttft(g("native", 64)) for g in (gr, g8, g33))])),
+    ("**Where `native` loses at {}**: D's admission {} vs {} ms, D's first token {} vs {} ms (its frontend {} vs {}), "
+     "P's answer {} vs {} ms, the transfer {} vs {} ms",
+     lambda: (64,) + tuple(f1(g33_part(c, 64, k, kind)) for k, kind in (
+         ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
+         ("transfer", "parts")) for c in ("native", "shim-detok"))),
+    ("**Equivalence with CUDA graphs on {}** (issue 41 item 4), the same lease, P on GPU 0 and D on GPU 1, "
+     "`EQ_CONFIGS=\"stock shim-detok\"` with the negative control: **{}**. Token ids of prompts of {} tokens identical for "
+     "stock P/D, `shim-detok` local and `shim-detok` P/D against local stock, and their logprobs too (max |Δlogprob| {}; "
+     "on 0.26.0, where the shim forces Model Runner V1, {}); the negative control detected with other ids (max "
+     "|Δlogprob| {})",
+     lambda: (eq(EQ_GRAPHS_33)["vllm_version"],
+              verdict(passed(EQ_GRAPHS_33) == "PASS" and eq(EQ_GRAPHS_33)["cuda_graphs"] is True
+                      and identical_ids(EQ_GRAPHS_33, "pd:stock", "local:shim-detok", "pd:shim-detok")),
+              lengths(EQ_GRAPHS_33), max_lp_all(EQ_GRAPHS_33, ("stock", "shim-detok")),
+              "%.2e" % lp(EQ_GRAPHS_26, "shim-detok"), "%.3f" % nc(EQ_GRAPHS_33, "nc-shim-detok"))),
+]
+
+
 def upstream_h200(release):
     """(tests, passed in each of stock / on / switches, differences) of vLLM's own NIXL tests on one H200; a
     word that fails where the modes passed different counts."""
@@ -1371,7 +1450,7 @@ FAILURE_CLAIMS = [
 ]
 
 CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS
-                             + GRAPHS_26_CLAIMS,
+                             + GRAPHS_26_CLAIMS + GRAPHS_33B_CLAIMS,
           "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
