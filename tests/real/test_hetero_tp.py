@@ -11,6 +11,7 @@ handshake, naming heterogeneous TP, on 0.23-0.25. Stock vLLM (flag off) at TP 1 
 control; TP 2 -> 2 with the shim is homogeneous and must transfer exactly."""
 
 import json
+import os
 
 import pytest
 
@@ -188,6 +189,10 @@ def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
     non-contiguous views of the same bytes (issue 34: fails without that patch on 0.33)."""
     r = xlkv_2to2
     _assert_exact(r, 2, 2)
+    # the ranks of each side were forked from one process of that side (the harness's default; the
+    # shim's hooks fired there, and each rank still registered and moved its own heads above)
+    spawn_each = os.environ.get("XLKV_HARNESS_FORK_RANKS", "1").strip().lower() in ("0", "false", "no", "off")
+    assert r["tp"]["forked_from_one_process"] == ([] if spawn_each else ["p", "d"]), r["tp"]
     assert all(x["cross_layer"] is True for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
     assert r["descs_per_block"] == 1 and r["num_regions"] == 1, (r["descs_per_block"], r["num_regions"])
     for name, case in r["cases"].items():

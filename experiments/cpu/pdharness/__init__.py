@@ -4,7 +4,9 @@ Run with the python of an env made by mkenv.sh:
     python experiments/cpu/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
                                       [--p-env KEY=VAL] [--d-env KEY=VAL] [--timeout 60]
 
-Two processes (spawn): P (prefill, the NIXL READ target) and D (decode, the reader).
+Two processes (spawn): P (prefill, the NIXL READ target) and D (decode, the reader); at TP N
+one per rank, those of a side with several ranks forked from one process of that side that
+imported vLLM first (procs.Ranks.start_side; XLKV_HARNESS_FORK_RANKS=0 spawns each).
 Each one does what the installed release's GPU worker / V1 GPUModelRunner does:
   * KV cache config from the release's own planner (get_kv_cache_configs),
   * on 0.29+ the layout from the release's own resolve_kv_cache_layout (which consults
@@ -30,8 +32,9 @@ wrapped pass-through only to count the descriptors really handed to NIXL.
 # Modules, one job each (module level is stdlib only: spawned rank workers import them):
 #   model        the tiny model's shape (layers, KV heads, blocks) and its config folder
 #   cases        the block-order cases: which of P's blocks D pulls into which of its own
-#   procs        processes and ports: side-channel environments, spawned ranks, their queues
-#   worker       a rank worker process (P or D): set-up, then the parent's commands
+#   procs        processes and ports: side-channel environments, the ranks' processes, their queues
+#   worker       a rank worker process (P or D): set-up, then the parent's commands; a side's
+#                fork parent (side_main)
 #   rank_setup   one rank's set-up through the release's own code (config, KV cache, connector)
 #   connector_io scheduler steps, handshake metadata, pass-through NIXL descriptor counters
 #   compat       calls that differ between vLLM releases

@@ -6,7 +6,13 @@ import os
 import queue as queue_mod
 import time
 
-from .worker import child_main
+from .worker import child_main, side_main
+
+
+def fork_ranks():
+    """Whether a side of several ranks forks them from one process that imported vLLM
+    (worker.side_main; default) or spawns each on its own (XLKV_HARNESS_FORK_RANKS=0)."""
+    return os.environ.get("XLKV_HARNESS_FORK_RANKS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def parse_env(items):
@@ -26,6 +32,13 @@ def child_in_netns(netns_name, *args):
     from .netns import enter
     enter(netns_name)
     child_main(*args)
+
+
+def side_in_netns(netns_name, *args):
+    """--netns: a side's fork parent (worker.side_main) that first enters its network namespace."""
+    from .netns import enter
+    enter(netns_name)
+    side_main(*args)
 
 
 def expect(q, kinds, timeout, what):
@@ -64,26 +77,46 @@ class Side:
 
 
 class Ranks:
-    """The spawned rank workers of one run (one process per TP rank and side)."""
+    """The rank workers of one run: one process per TP rank and side, each spawned, or those of a
+    side with several ranks forked from one spawned process of that side (start_side)."""
 
     def __init__(self, args, tmpdir):
         self.ctx = mp.get_context("spawn")
         self.args, self.tmpdir = args, tmpdir
         self.procs = []
         self.netns = {}  # --netns: role -> network namespace its rank workers run in
+        self.forked_sides = []  # roles whose ranks were forked from one process (start_side)
 
     def side(self, ranks):
         return Side(self.ctx, ranks)
 
     def start(self, role, side, index, env, rank=0, **overrides):
         """Rank ``rank`` of ``role`` on the queues ``side.cmd[index]``/``side.res[index]``."""
+        ns = self.netns.get(role)
+        return self._process(env, child_in_netns if ns else child_main,
+                             ((ns,) if ns else ()) + (role, self._args(rank, overrides), self.tmpdir,
+                                                      side.cmd[index], side.res[index], env))
+
+    def start_side(self, role, side, env, ranks):
+        """Every rank of one side: ``ranks`` = [rank number of index 0, of index 1, ...].  Several
+        ranks are forked from one process that imports vLLM once (worker.side_main), unless
+        XLKV_HARNESS_FORK_RANKS=0; one rank is spawned on its own as before."""
+        if len(ranks) < 2 or not fork_ranks():
+            return [self.start(role, side, i, env, rank) for i, rank in enumerate(ranks)]
+        self.forked_sides.append(role)
+        ns = self.netns.get(role)
+        per_rank = [(self._args(rank, {}), side.cmd[i], side.res[i]) for i, rank in enumerate(ranks)]
+        return [self._process(env, side_in_netns if ns else side_main,
+                              ((ns,) if ns else ()) + (role, self.tmpdir, env, per_rank))]
+
+    def _args(self, rank, overrides):
+        return dict(vars(self.args), tp_rank=rank, **overrides)
+
+    def _process(self, env, target, args):
         saved = dict(os.environ)
         os.environ.update(env)  # so that interpreter-startup hooks (.pth) see it too
         try:
-            ns = self.netns.get(role)
-            p = self.ctx.Process(target=child_in_netns if ns else child_main,
-                                 args=((ns,) if ns else ()) + (role, dict(vars(self.args), tp_rank=rank, **overrides), self.tmpdir,
-                                       side.cmd[index], side.res[index], env), daemon=True)
+            p = self.ctx.Process(target=target, args=args, daemon=True)
             p.start()
         finally:
             os.environ.clear()

@@ -84,12 +84,17 @@ def _mla_backend_path():
     return "vllm.v1.attention.backends.mla.triton_mla.TritonMLABackend"
 
 
-def setup(role, args, tmpdir):
-    """Build config, connector, KV cache, registration. Returns a dict of state."""
-    import importlib.metadata as md
+#: What prelude() returned in the process a side's ranks were forked from (worker.side_main); a
+#: rank started on its own (spawn) runs prelude itself.
+PRELUDE = None
 
-    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None), "family": model.FAMILY}
-    state["platform"] = force_platform(getattr(args, "attn_backend", None))
+
+def prelude(args):
+    """A rank's first steps, the same for every rank of a side: the platform, vLLM's general
+    plugins, vLLM's modules.  Most of a rank's start-up is here (importing vLLM 0.33: ≈ 12 s of
+    CPU), so a side of several ranks runs it once and forks its ranks from that process, as
+    vLLM's engine core has imported vLLM before its workers start (worker.side_main)."""
+    state = {"platform": force_platform(getattr(args, "attn_backend", None))}
 
     # what the engine core / worker do first: load general plugins (the shim may be one)
     # as in vLLM, an exception from a plugin ends the process (it is not a warning)
@@ -104,7 +109,26 @@ def setup(role, args, tmpdir):
                                   initialize_model_parallel)
     from vllm.distributed.kv_transfer import kv_transfer_state  # noqa: F401
     from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: F401
+    return state
 
+
+def preload_for_fork():
+    """In the process a side's ranks are forked from, after prelude: the module every rank imports
+    next to allocate its KV cache (_allocate_like_gpu_model_runner; ≈ 5 s of CPU on vLLM 0.33),
+    as an engine core has it imported before its workers fork.  A release without it: nothing."""
+    import importlib
+    try:
+        importlib.import_module("vllm.v1.worker.gpu_model_runner")
+    except ImportError:
+        pass
+
+
+def setup(role, args, tmpdir):
+    """Build config, connector, KV cache, registration. Returns a dict of state."""
+    import importlib.metadata as md
+
+    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None), "family": model.FAMILY}
+    state.update(PRELUDE if PRELUDE is not None else prelude(args))
     state["vllm"] = md.version("vllm")
     cfg = _vllm_config(role, args, tmpdir, state)
     state["cfg"] = cfg

@@ -89,12 +89,12 @@ class PairRun:
     # ------------------------------------------------------------------- start and set-up
     def _start(self, env_p, env_d, env_x):
         args, ranks = self.args, self.ranks
-        for i in range(args.p_tp):
-            ranks.start("p", self.p, i, env_p, i)
-        for i in range(args.d_tp):
-            # swap-d-ranks (planted fault): the process the parent checks as rank i is rank N-1-i
-            ranks.start("d", self.d, i, env_d,
-                        args.d_tp - 1 - i if args.plant_fault == "swap-d-ranks" else i)
+        ranks.start_side("p", self.p, env_p, list(range(args.p_tp)))
+        # swap-d-ranks (planted fault): the process the parent checks as rank i is rank N-1-i
+        ranks.start_side("d", self.d, env_d, [args.d_tp - 1 - i if args.plant_fault == "swap-d-ranks" else i
+                                              for i in range(args.d_tp)])
+        if self.tp_run:
+            self.result["tp"]["forked_from_one_process"] = list(ranks.forked_sides)
         if self.refused_peer:
             # a second prefill engine that D must refuse at handshake (its own block size / env)
             ranks.start("p", self.x, 0, env_x, 0, engine_id=REFUSED_PEER["engine_id"],

@@ -15,6 +15,7 @@ from .checks import fill_reference, layer_bytes, plant_corruption, plant_group_s
 from .compat import block_ids_arg, kw, new_md
 from .connector_io import serve_handshake, tick, worker_handshake_metadata, wrap_xfer_counter
 from .logs import LogCapture
+from . import rank_setup
 from .rank_setup import setup, worker_state
 
 INFO_KEYS = ("vllm", "platform", "backend", "kv_layout", "cross_layer", "prefer_cross_layer_blocks",
@@ -23,16 +24,18 @@ INFO_KEYS = ("vllm", "platform", "backend", "kv_layout", "cross_layer", "prefer_
              "family", "hybrid_allocator")
 
 
-def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
+def child_main(role, args_dict, tmpdir, cmd_q, res_q, env, logs=None):
+    """One rank: spawned on its own, or forked by side_main (``logs``: the capture that side_main
+    started before vLLM's import, with what that import logged)."""
     os.environ.update(env)
     args = argparse.Namespace(**args_dict)
     model.set_family(getattr(args, "family", None) or "dense")
     model.set_kv_heads(getattr(args, "kv_heads", None) or model.NUM_KV_HEADS)
     t0 = time.time()
-    logs = None
     try:
-        import vllm.logger  # noqa: F401  (vLLM's dictConfig replaces handlers at import)
-        logs = LogCapture()
+        if logs is None:
+            import vllm.logger  # noqa: F401  (vLLM's dictConfig replaces handlers at import)
+            logs = LogCapture()
         st = setup(role, args, tmpdir)
         info = _rank_info(st, args, logs, t0)
         if role == "p":
@@ -46,14 +49,70 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env):
     _leave(res_q)
 
 
+def side_main(role, tmpdir, env, ranks):
+    """The ranks of one side with several (``ranks``: [(args_dict, cmd_q, res_q)], one per rank):
+    this process imports vLLM once (rank_setup.prelude, the shim's import hooks firing here as in
+    a spawned rank) and forks one child per rank, each of which goes on as child_main; it then
+    waits for them.  vLLM's own workers are forked from an engine core that has imported vLLM (its
+    default VLLM_WORKER_MULTIPROC_METHOD); here it saves each extra rank the import (≈ 12 s of
+    CPU on vLLM 0.33, on a 2-core CI machine).  XLKV_HARNESS_FORK_RANKS=0 spawns every rank on its
+    own instead (procs.Ranks).  A failure before the fork reaches every rank's queue as "fatal"."""
+    os.environ.update(env)
+    logs = None
+    try:
+        args = argparse.Namespace(**ranks[0][0])
+        model.set_family(getattr(args, "family", None) or "dense")
+        model.set_kv_heads(getattr(args, "kv_heads", None) or model.NUM_KV_HEADS)
+        import vllm.logger  # noqa: F401  (vLLM's dictConfig replaces handlers at import)
+        logs = LogCapture()
+        rank_setup.PRELUDE = rank_setup.prelude(args)
+        rank_setup.preload_for_fork()
+    except BaseException as e:
+        for _args, _cmd_q, res_q in ranks:
+            res_q.put(("fatal", {"role": role, "error": f"{type(e).__name__}: {e} (before the fork of the side's ranks)",
+                                 "traceback": traceback.format_exc()[-4000:],
+                                 "log_errors": logs.errors()[-10:] if logs else []}))
+        for _args, _cmd_q, res_q in ranks:
+            _flush(res_q)
+        os._exit(0)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    children = []
+    for args_dict, cmd_q, res_q in ranks:
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            child_main(role, args_dict, tmpdir, cmd_q, res_q, env, logs=logs)
+            os._exit(0)  # child_main ends in _leave; never reached
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    os._exit(0)
+
+
+def _die_with_parent():
+    """A forked rank ends with the process it was forked from (the parent kills that one on a
+    timeout: procs.Ranks.join), so no rank outlives its run."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _flush(res_q):
+    res_q.close()
+    res_q.join_thread()
+
+
 def _leave(res_q):
     """Ends the rank's process once its answers are in the pipe, without the interpreter's
     own finalisation: after the last Python exit handler a vLLM 0.33 rank spun one core for
     ~9 s (main thread running, 40 gloo threads waiting; measured here), which the parent's
     join waited out, in every run: a third of a run's CPU time on a 2-core CI machine.
     Nothing a check reads happens after this point (the results went through ``res_q``)."""
-    res_q.close()
-    res_q.join_thread()
+    _flush(res_q)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
