@@ -221,6 +221,25 @@ def handoff_rows(doc):
     return out
 
 
+def client_hop_rows(doc):
+    """One row per P/D cell whose every repetition has the proxy's total (HANDOFF_TRACE=1 with the proxy's trace): the
+    client's mean TTFT beyond the proxy's mean total, per repetition and their mean (ms).  That is the client <-> proxy
+    hop, which no part of the split holds: from the client's send to the proxy's ``t_in`` (the body read and parsed)
+    and from the proxy's ``t_d_first`` to the client.  Prefill alone is measured without the proxy, so P/D over prefill
+    alone includes it."""
+    out = []
+    for c in sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
+                                                         _order(c.get("config")))):
+        trace, ttfts = c.get("handoff_trace") or [], c.get("mean_ttft_ms") or []
+        totals = [((h or {}).get("total_ms") or {}).get("mean") for h in trace]
+        if not trace or len(totals) != len(ttfts) or any(t is None for t in totals + list(ttfts)):
+            continue
+        gaps = [t - total for t, total in zip(ttfts, totals)]
+        out.append({"config": c["config"], "input_len": c["input_len"], "max_concurrency": c.get("max_concurrency"),
+                    "per_rep": gaps, "mean": statistics.mean(gaps)})
+    return out
+
+
 def _pooled(reps, field, names):
     """name -> {mean: mean of the repetitions' means, p50: median of their p50s}, for the names every
     repetition's ``field`` has."""
@@ -269,6 +288,13 @@ def handoff_markdown(doc):
                     r["input_len"], r["max_concurrency"] or "-", r["config"],
                     " | ".join(("%.1f (%.1f)" % (r["subparts"][k]["mean"], r["subparts"][k]["p50"]))
                                if k in r["subparts"] else "—" for k in finer)))
+    hop = client_hop_rows(doc)
+    if hop:
+        lines += ["", "The client <-> proxy hop, which no part above holds: the client's mean TTFT less the proxy's mean "
+                      "total, per repetition (their mean), ms; prefill alone is measured without the proxy:", ""]
+        lines += ["- %d × c%s, %s: %s (%s)" % (h["input_len"], h["max_concurrency"] or "-", h["config"],
+                                              "%.1f" % h["mean"], ", ".join("%.1f" % g for g in h["per_rep"]))
+                  for h in hop]
     bad = sum(r["problems"] for r in rows)
     lines += ["", "Requests with a part out of order (handoff.check): %d." % bad]
     return "\n".join(lines) + "\n"

@@ -198,6 +198,20 @@ def test_handoff_table_means_p50s_and_the_overhead_over_prefill_alone():
     assert report.handoff_rows({"cells": [alone, frag]})[0]["over_alone_ms"] is None
 
 
+def test_client_proxy_hop_is_the_clients_ttft_beyond_the_proxys_total():
+    parts = dict(p_admission=24.0, p_prefill=60.0, p_answer=30.0, d_admission=24.0, transfer=4.0, d_first_token=70.0)
+    shim = _traced_cell("shim", 64, [1600.0, 1500.0], parts)
+    for h, total in zip(shim["handoff_trace"], (1520.0, 1450.0)):
+        h["total_ms"] = {"mean": total, "p50": total}
+    [row] = report.client_hop_rows({"cells": [shim]})
+    assert row["per_rep"] == [pytest.approx(80.0), pytest.approx(50.0)] and row["mean"] == pytest.approx(65.0)
+    assert "- 10240 × c64, shim: 65.0 (80.0, 50.0)" in report.handoff_markdown({"cells": [shim]})
+    # a repetition without the proxy's total (another router): no row, rather than a mean of the others
+    shim["handoff_trace"][1].pop("total_ms")
+    assert report.client_hop_rows({"cells": [shim]}) == []
+    assert "client <-> proxy" not in report.handoff_markdown({"cells": [shim]})
+
+
 def test_a_config_with_the_detok_switch_is_compared_with_prefill_alone_with_it():
     """XLKV_DETOK_TAIL also shortens P's own answer, so shim-detok's overhead is over prefill_only-detok (P alone with
     the switch) and the shim's over prefill_only; neither falls back to the other's prefill alone."""

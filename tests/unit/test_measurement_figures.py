@@ -1339,6 +1339,7 @@ GRAPHS_26_CLAIMS = [
 # 2026-11-28b, with the shim without the switch; against 2026-11-27f (gr) and 2026-11-27j (g8)
 g33 = functools.partial(gr, name=GRAPHS_33B)
 g33_part = functools.partial(gr_part, name=GRAPHS_33B)
+g33_row = functools.partial(gr_row, name=GRAPHS_33B)
 over33 = functools.partial(over, name=GRAPHS_33B)
 PD_33B = ("shim", "native", "shim-detok")
 
@@ -1346,6 +1347,19 @@ PD_33B = ("shim", "native", "shim-detok")
 def max_lp_all(name, configs):
     """The largest max |Δlogprob| of the configs' local and P/D runs against the reference, "%g"."""
     return "%g" % max(lp(name, c) for c in configs)
+
+
+def hops(name, conc):
+    """The client <-> proxy hop's cell means (pdtools/report.client_hop_rows) of a run at one concurrency."""
+    return [h["mean"] for h in report.client_hop_rows(load(name)) if h["max_concurrency"] == conc]
+
+
+def hop(name, config, conc):
+    [h] = [h for h in report.client_hop_rows(load(name)) if (h["config"], h["max_concurrency"]) == (config, conc)]
+    return h["mean"]
+
+
+GRAPHS_RUNS = (GRAPHS, GRAPHS_C8, GRAPHS_33B, GRAPHS_26)
 
 
 GRAPHS_33B_CLAIMS = [
@@ -1399,6 +1413,18 @@ GRAPHS_33B_CLAIMS = [
      lambda: (64,) + tuple(f1(g33_part(c, 64, k, kind)) for k, kind in (
          ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
          ("transfer", "parts")) for c in ("native", "shim-detok"))),
+    ("In the {} runs with CUDA graphs ({} on 0.33.0, {} on 0.26.0) it is {} ms one at a time and {} ms at {} × {} in "
+     "every P/D cell; here `shim-detok` {}, `native` {} and the shim {} ms at {}. Prefill alone is measured without the "
+     "proxy, so over prefill alone includes the hop: of `shim-detok`'s {} at {} here, {} ms is the hop and {} the "
+     "engines' handoff",
+     lambda: ({4: "four"}[len(GRAPHS_RUNS)],
+              {3: "three"}[sum(load(n)["vllm_version"] == "0.33.0" for n in GRAPHS_RUNS)],
+              {1: "one"}[sum(load(n)["vllm_version"] == "0.26.0" for n in GRAPHS_RUNS)],
+              span([x for n in GRAPHS_RUNS for x in hops(n, 1)], f1),
+              span([x for n in GRAPHS_RUNS for x in hops(n, 64)], f1), 64, 10240)
+     + tuple(f1(hop(GRAPHS_33B, c, 64)) for c in ("shim-detok", "native", "shim"))
+     + (64, over33("shim-detok", 64), 64, f0(hop(GRAPHS_33B, "shim-detok", 64)),
+        "%+.0f" % (g33_row("shim-detok", 64)["over_alone_ms"] - hop(GRAPHS_33B, "shim-detok", 64)))),
     ("**Equivalence with CUDA graphs on {}** (issue 41 item 4), the same lease, P on GPU 0 and D on GPU 1, "
      "`EQ_CONFIGS=\"stock shim-detok\"` with the negative control: **{}**. Token ids of prompts of {} tokens identical for "
      "stock P/D, `shim-detok` local and `shim-detok` P/D against local stock, and their logprobs too (max |Δlogprob| {}; "
