@@ -1425,6 +1425,14 @@ GRAPHS_33B_CLAIMS = [
      + tuple(f1(hop(GRAPHS_33B, c, 64)) for c in ("shim-detok", "native", "shim"))
      + (64, over33("shim-detok", 64), 64, f0(hop(GRAPHS_33B, "shim-detok", 64)),
         "%+.0f" % (g33_row("shim-detok", 64)["over_alone_ms"] - hop(GRAPHS_33B, "shim-detok", 64)))),
+    ("With the hop taken off both (a router that cost nothing), `shim-detok` would be {} below `native`, and a handoff "
+     "that cost nothing as well would leave its prefill alone, {} below: in this run no lever on the handoff could "
+     "reach the {} goal",
+     lambda: (below(ttft(g33("shim-detok", 64)) - hop(GRAPHS_33B, "shim-detok", 64),
+                    ttft(g33("native", 64)) - hop(GRAPHS_33B, "native", 64)),
+              below(ttft(g33("prefill_only-detok", 64)), ttft(g33("native", 64)) - hop(GRAPHS_33B, "native", 64)),
+              "10%" if ttft(g33("prefill_only-detok", 64)) > 0.9 * (ttft(g33("native", 64))
+                                                                     - hop(GRAPHS_33B, "native", 64)) else "?")),
     ("**Equivalence with CUDA graphs on {}** (issue 41 item 4), the same lease, P on GPU 0 and D on GPU 1, "
      "`EQ_CONFIGS=\"stock shim-detok\"` with the negative control: **{}**. Token ids of prompts of {} tokens identical for "
      "stock P/D, `shim-detok` local and `shim-detok` P/D against local stock, and their logprobs too (max |Δlogprob| {}; "
