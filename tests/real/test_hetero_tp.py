@@ -309,3 +309,17 @@ def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_t
     # vLLM 0.26 itself reports no invalid block ids after a failed handshake of a model with several KV cache
     # groups (a stock decode facing a tagged prefill does the same: noted on issue 44), so only recv_done here
     _assert_refused_naming_equal_tp(equal, 1, 2, "packed multi-group KV layout", invalid_reported=False)
+
+
+def test_a_refusal_at_vllms_import_in_a_forked_side_reaches_the_parent(vllm_env, tmp_path):
+    """The harness's fork parent of a TP 2 side (worker.side_main) imports vLLM before it forks: a refusal
+    there (the shim's unsupported-version refusal, raised at ``import vllm``) must reach the parent as the
+    ranks' failure with the shim's words, and no rank may be left behind."""
+    once_per_session(vllm_env, "the harness's fork path, not the release's connector")
+    r = harness(vllm_env[1], tmp_path, "fatal_before_fork", "--p-tp", "2", "--d-tp", "2", "--case", "noncontig",
+                env=dict(XLKV, XLKV_VLLM_VERSION="0.99.0"), step_timeout=30)
+    assert r["transfer_verified"] is False and r["tp"]["forked_from_one_process"] in (["p", "d"], [])
+    assert "P setup (rank 0): child died: XlkvUnsupportedVersion" in r["_text"], r["_text"][-3000:]
+    assert "vLLM 0.99.0 is not supported" in r["_text"], r["_text"][-3000:]
+    if r["tp"]["forked_from_one_process"]:  # XLKV_HARNESS_FORK_RANKS=0: each rank fails on its own
+        assert "before the fork" in r["_text"], r["_text"][-3000:]
