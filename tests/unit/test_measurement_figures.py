@@ -1111,6 +1111,14 @@ def halves(xs):
     return "%s → %s" % (", ".join(f0(x) for x in xs[:2]), ", ".join(f0(x) for x in xs[2:]))
 
 
+def where_it_loses(part, config, conc=64):
+    """"Where `native` loses at 64": the concurrency, then D's admission, D's first token, its frontend, P's answer and
+    the transfer, each as ``config``'s then `shim-detok`'s mean (``part``: a run's part getter, gr_part's shape)."""
+    return (conc,) + tuple(f1(part(c, conc, k, kind)) for k, kind in (
+        ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
+        ("transfer", "parts")) for c in (config, "shim-detok"))
+
+
 # CUDA graphs, prefill alone in the same run (issue 41 items 1 and 5): the alternated run of 2026-11-27f
 GRAPHS_CLAIMS = [
     ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs",
@@ -1157,9 +1165,7 @@ GRAPHS_CLAIMS = [
               span([gr_part(c, 64, "p_admission") for c in ("native", "shim-detok")]))),
     ("**Where `native` loses at {}**: D's admission {} vs {} ms, D's first token {} vs {} ms (its frontend {} vs {}: the "
      "detokenizer's priming), P's answer {} vs {} ms, the transfer {} vs {} ms",
-     lambda: (64,) + tuple(f1(gr_part(c, 64, k, kind)) for k, kind in (
-         ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
-         ("transfer", "parts")) for c in ("native", "shim-detok"))),
+     lambda: where_it_loses(gr_part, "native")),
     ("**The second call ran slower one at a time** for `native` ({} ms), `shim-detok` ({}) and `prefill_only-detok` "
      "({}), not for `prefill_only` ({}); the alternation keeps that out of the comparison. `native`'s D ITL at {} at a "
      "time was {}, then {} ms",
@@ -1315,9 +1321,7 @@ GRAPHS_26_CLAIMS = [
               "%+.0f" % (ttft(g26("native-v1", 64)) - without_outlier(g26("prefill_only", 64))))),
     ("**Where `native-v1` loses at {}**: D's admission {} vs {} ms, D's first token {} vs {} ms (its frontend {} vs {}), "
      "P's answer {} vs {} ms, the transfer {} vs {} ms",
-     lambda: (64,) + tuple(f1(g26_part(c, 64, k, kind)) for k, kind in (
-         ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
-         ("transfer", "parts")) for c in ("native-v1", "shim-detok"))),
+     lambda: where_it_loses(g26_part, "native-v1")),
     ("**Stock** at {} and {}: D's transfer {} and {} ms mean (the shim's {} and {}), its D frontend {} and {} ms",
      lambda: (8, 64, f1(g26_part("stock", 8, "transfer")), f1(g26_part("stock", 64, "transfer")),
               f1(g26_part("shim", 8, "transfer")), f1(g26_part("shim", 64, "transfer")),
@@ -1410,9 +1414,7 @@ GRAPHS_33B_CLAIMS = [
          sum(ttft(g("shim-detok", 64)) <= 0.9 * ttft(g("native", 64)) for g in (gr, g8, g33))])),
     ("**Where `native` loses at {}**: D's admission {} vs {} ms, D's first token {} vs {} ms (its frontend {} vs {}), "
      "P's answer {} vs {} ms, the transfer {} vs {} ms",
-     lambda: (64,) + tuple(f1(g33_part(c, 64, k, kind)) for k, kind in (
-         ("d_admission", "parts"), ("d_first_token", "parts"), ("d_frontend", "subparts"), ("p_answer", "parts"),
-         ("transfer", "parts")) for c in ("native", "shim-detok"))),
+     lambda: where_it_loses(g33_part, "native")),
     ("In the {} runs with CUDA graphs ({} on 0.33.0, {} on 0.26.0) it is {} ms one at a time and {} ms at {} × {} in "
      "every P/D cell; here `shim-detok` {}, `native` {} and the shim {} ms at {}. Prefill alone is measured without the "
      "proxy, so over prefill alone includes the hop: of `shim-detok`'s {} at {} here, {} ms is the hop and {} the "
