@@ -197,6 +197,12 @@ def markdown(doc, wire=None):
 HIDE_MS = 0.5
 
 
+def _longest_first(doc):
+    """The cells in the handoff tables' order: longest prompts first, then concurrency, then config."""
+    return sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
+                                                      _order(c.get("config"))))
+
+
 def handoff_rows(doc):
     """One row per P/D cell with the handoff trace (HANDOFF_TRACE=1): its mean TTFT (mean ± std over
     repetitions), P/D over prefill alone (same length and concurrency), and per part of pdtools/handoff.py's
@@ -204,8 +210,7 @@ def handoff_rows(doc):
     requests (the parts' means add up to the proxy's mean total); p50: the median of the repetitions' p50."""
     alone = _alone(doc.get("cells", []), _compared)
     out = []
-    for c in sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
-                                                         _order(c.get("config")))):
+    for c in _longest_first(doc):
         reps = [h for h in (c.get("handoff_trace") or []) if h and h.get("parts_ms")]
         if not reps:
             continue
@@ -228,8 +233,7 @@ def client_hop_rows(doc):
     and from the proxy's ``t_d_first`` to the client.  Prefill alone is measured without the proxy, so P/D over prefill
     alone includes it."""
     out = []
-    for c in sorted(doc.get("cells", []), key=lambda c: (-(c.get("input_len") or 0), c.get("max_concurrency") or 0,
-                                                         _order(c.get("config")))):
+    for c in _longest_first(doc):
         trace, ttfts = c.get("handoff_trace") or [], c.get("mean_ttft_ms") or []
         totals = [((h or {}).get("total_ms") or {}).get("mean") for h in trace]
         if not trace or len(totals) != len(ttfts) or any(t is None for t in totals + list(ttfts)):

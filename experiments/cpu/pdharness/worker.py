@@ -27,10 +27,7 @@ INFO_KEYS = ("vllm", "platform", "backend", "kv_layout", "cross_layer", "prefer_
 def child_main(role, args_dict, tmpdir, cmd_q, res_q, env, logs=None):
     """One rank: spawned on its own, or forked by side_main (``logs``: the capture that side_main
     started before vLLM's import, with what that import logged)."""
-    os.environ.update(env)
-    args = argparse.Namespace(**args_dict)
-    model.set_family(getattr(args, "family", None) or "dense")
-    model.set_kv_heads(getattr(args, "kv_heads", None) or model.NUM_KV_HEADS)
+    args = _begin(args_dict, env)
     t0 = time.time()
     try:
         if logs is None:
@@ -43,10 +40,24 @@ def child_main(role, args_dict, tmpdir, cmd_q, res_q, env, logs=None):
         else:
             _decode(st, args, info, cmd_q, res_q, logs)
     except BaseException as e:
-        res_q.put(("fatal", {"role": role, "error": f"{type(e).__name__}: {e}",
-                             "traceback": traceback.format_exc()[-4000:],
-                             "log_errors": logs.errors()[-10:] if logs else []}))
+        res_q.put(_fatal(role, e, logs))
     _leave(res_q)
+
+
+def _begin(args_dict, env):
+    """A rank's (or a side's fork parent's) environment and model shape; its arguments."""
+    os.environ.update(env)
+    args = argparse.Namespace(**args_dict)
+    model.set_family(getattr(args, "family", None) or "dense")
+    model.set_kv_heads(getattr(args, "kv_heads", None) or model.NUM_KV_HEADS)
+    return args
+
+
+def _fatal(role, e, logs, where=""):
+    """The "fatal" message a rank's queue carries to the parent (procs.expect raises it)."""
+    return ("fatal", {"role": role, "error": f"{type(e).__name__}: {e}{where}",
+                      "traceback": traceback.format_exc()[-4000:],
+                      "log_errors": logs.errors()[-10:] if logs else []})
 
 
 def side_main(role, tmpdir, env, ranks):
@@ -57,21 +68,16 @@ def side_main(role, tmpdir, env, ranks):
     default VLLM_WORKER_MULTIPROC_METHOD); here it saves each extra rank the import (≈ 12 s of
     CPU on vLLM 0.33, on a 2-core CI machine).  XLKV_HARNESS_FORK_RANKS=0 spawns every rank on its
     own instead (procs.Ranks).  A failure before the fork reaches every rank's queue as "fatal"."""
-    os.environ.update(env)
     logs = None
     try:
-        args = argparse.Namespace(**ranks[0][0])
-        model.set_family(getattr(args, "family", None) or "dense")
-        model.set_kv_heads(getattr(args, "kv_heads", None) or model.NUM_KV_HEADS)
+        args = _begin(ranks[0][0], env)
         import vllm.logger  # noqa: F401  (vLLM's dictConfig replaces handlers at import)
         logs = LogCapture()
         rank_setup.PRELUDE = rank_setup.prelude(args)
         rank_setup.preload_for_fork()
     except BaseException as e:
         for _args, _cmd_q, res_q in ranks:
-            res_q.put(("fatal", {"role": role, "error": f"{type(e).__name__}: {e} (before the fork of the side's ranks)",
-                                 "traceback": traceback.format_exc()[-4000:],
-                                 "log_errors": logs.errors()[-10:] if logs else []}))
+            res_q.put(_fatal(role, e, logs, " (before the fork of the side's ranks)"))
         for _args, _cmd_q, res_q in ranks:
             _flush(res_q)
         os._exit(0)
