@@ -10,7 +10,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 WORDS = ("The quick brown fox jumps over the lazy dog. Überraschung! naïve café, 東京都の天気は晴れです。"
          "我们今天去公园散步。🙂🚀🌶️ emoji runs 😀😃😄 and ÅÄÖ åäö, Ελληνικά κείμενα, русский текст.").split()
 #: 3000 of those words in a seeded random order: long enough for prompts of a few hundred ids anywhere
-TEXT = " ".join(random.Random(0).choice(WORDS) for _ in range(3000))
+_rng = random.Random(0)
+TEXT = " ".join(_rng.choice(WORDS) for _ in range(3000))
+del _rng
 
 
 def byte_level():

@@ -1,37 +1,77 @@
 """Which prompt ids an incremental detokenizer needs before the first new token: the pure logic of
 the XLKV_DETOK_TAIL switch (patches/incremental_detokenizer.py).  Standard library only: the caller
-passes the decode function (no vLLM, no ``tokenizers`` import here).
+passes the tokenizer's view (decode, and which ids join their neighbours); no vLLM, no ``tokenizers``
+import here.
 
 An incremental decode stream primed with prompt ids returns, for each new token, the text of
 (primed ids + new ids) minus the text of the primed ids.  That difference depends on the primed
-ids' end only: the last few ids decide how the new token joins them (a word piece, a space, the
-rest of a multi-byte character).  So a stream primed with the prompt's tail gives the same text as
-one primed with the whole prompt, except where the tail's own text cannot stand for the prompt's:
+ids' end only, where the decoder treats tokens one by one: the last few ids decide how the new token
+joins them (a word piece, a space, the rest of a multi-byte character).  Two things reach further
+back, and the tail is chosen so that neither crosses its first id:
 
-* the tail decodes to nothing (special tokens only, skipped): the first new token would become the
-  decode's first, and decoders strip a first token's leading space (SentencePiece's Metaspace);
-* the tail's text ends inside a character (U+FFFD): a whole-prompt stream decodes that prompt
-  differently (vLLM issue #48853), and the tail must not change what vLLM does there.
+* **Runs that decode as one.**  A SentencePiece byte-fallback decoder turns a run of byte pieces
+  (``<0xE4>``...) into text as a whole: valid UTF-8 gives its characters, an invalid run gives one
+  U+FFFD per byte.  Ids the decode drops (special tokens with ``skip_special_tokens``, ids outside the
+  vocabulary) do not end a run.  A tail that starts inside such a run can decode cleanly while the
+  whole prompt ends in U+FFFD, and a stream primed with it then gives another text.  So the tail
+  starts at the beginning of the run its first id is in (``joins`` names those ids); a run reaching
+  the prompt's first id keeps the whole prompt.
+* **The tail's own text.**  Where it decodes to nothing (special tokens only, skipped), the first new
+  token would become the decode's first and decoders strip a first token's leading space
+  (SentencePiece's Metaspace); where it ends inside a character (U+FFFD), the whole prompt ends there
+  too (the run is whole), and a whole-prompt stream then returns the prompt's text with the first token
+  (vLLM issue #48853): the tail must not change what vLLM does there.
 
 Either way the whole prompt stays (:func:`tail` returns None), as it does for prompts no longer
 than the tail and requests without prompt ids (prompt embeddings).
 """
 
-#: prompt ids kept before the first new token: a word piece, a byte-fallback run or a multi-byte
-#: character spans far fewer ids; decoding 64 ids costs ~0.1 ms where 10240 cost 13-24 ms
+import re
+
+#: prompt ids kept before the first new token (more where a run crosses it, see above): a word piece
+#: or a multi-byte character spans far fewer ids; decoding 64 ids costs ~0.1 ms where 10240 cost
+#: 13-24 ms
 TAIL_IDS = 64
 #: what decoders put where a character is cut
 REPLACEMENT = "\ufffd"
+#: a SentencePiece byte-fallback piece, as tokenizers' ByteFallback decoder recognises it
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
 
 
-def tail(prompt_ids, decode, n=TAIL_IDS):
-    """The last ``n`` of ``prompt_ids`` (a new list) to prime a decode stream with, or None where the
-    whole prompt must stay.  ``decode(ids) -> str`` decodes as the stream will (same tokenizer, same
-    skip_special_tokens)."""
+def run_start(ids, start, joins):
+    """The index where the run that ``ids[start]`` is in begins: ``start`` moved back while both the id
+    there and the one before it join (``joins(id) -> bool``)."""
+    while start > 0 and joins(ids[start]) and joins(ids[start - 1]):
+        start -= 1
+    return start
+
+
+def tail(prompt_ids, decode, n=TAIL_IDS, joins=None):
+    """The last ``n`` of ``prompt_ids`` (a new list), extended back to the start of a run that crosses
+    them, to prime a decode stream with, or None where the whole prompt must stay.  ``decode(ids) -> str``
+    decodes as the stream will (same tokenizer, same skip_special_tokens); ``joins(id) -> bool`` is True
+    for ids that decode together with their neighbours (:func:`joining_ids`); None: no such ids."""
     if prompt_ids is None or n <= 0 or len(prompt_ids) <= n:
         return None
-    ids = list(prompt_ids[-n:])
+    start = len(prompt_ids) - n
+    if joins is not None:
+        start = run_start(prompt_ids, start, joins)
+        if start == 0:
+            return None
+    ids = list(prompt_ids[start:])
     text = decode(ids)
     if not text or text.endswith(REPLACEMENT):
         return None
     return ids
+
+
+def joining_ids(piece, dropped):
+    """``joins`` for :func:`tail` from a tokenizer's view: ``piece(id)`` is the id's token string (None
+    outside the vocabulary), ``dropped(id)`` True where the decode drops it (a special token with
+    ``skip_special_tokens``).  Byte-fallback pieces, dropped ids and unknown ids join."""
+    def joins(token_id):
+        if dropped(token_id):
+            return True
+        p = piece(token_id)
+        return p is None or BYTE_PIECE.match(p) is not None
+    return joins

