@@ -15,7 +15,7 @@ back, and the tail is chosen so that neither crosses its first id:
   vocabulary) do not end a run.  A tail that starts inside such a run can decode cleanly while the
   whole prompt ends in U+FFFD, and a stream primed with it then gives another text.  So the tail
   starts at the beginning of the run its first id is in (``joins`` names those ids); a run reaching
-  the prompt's first id keeps the whole prompt.
+  the prompt's first id, or longer than MAX_RUN ids, keeps the whole prompt.
 * **The tail's own text.**  Where it decodes to nothing (special tokens only, skipped), the first new
   token would become the decode's first and decoders strip a first token's leading space
   (SentencePiece's Metaspace); where it ends inside a character (U+FFFD), the whole prompt ends there
@@ -26,22 +26,23 @@ Either way the whole prompt stays (:func:`tail` returns None), as it does for pr
 than the tail and requests without prompt ids (prompt embeddings).
 """
 
-import re
-
 #: prompt ids kept before the first new token (more where a run crosses it, see above): a word piece
 #: or a multi-byte character spans far fewer ids; decoding 64 ids costs ~0.1 ms where 10240 cost
 #: 13-24 ms
 TAIL_IDS = 64
 #: what decoders put where a character is cut
 REPLACEMENT = "\ufffd"
-#: a SentencePiece byte-fallback piece, as tokenizers' ByteFallback decoder recognises it
-BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
 
 
-def run_start(ids, start, joins):
+#: the longest run the tail is moved back over: a longer one keeps the whole prompt without walking it all
+#: (a prompt in a script its vocabulary spells in byte pieces is one run from its first id)
+MAX_RUN = 1024
+
+
+def run_start(ids, start, joins, limit=0):
     """The index where the run that ``ids[start]`` is in begins: ``start`` moved back while both the id
-    there and the one before it join (``joins(id) -> bool``)."""
-    while start > 0 and joins(ids[start]) and joins(ids[start - 1]):
+    there and the one before it join (``joins(id) -> bool``), to ``limit`` at the most."""
+    while start > limit and joins(ids[start]) and joins(ids[start - 1]):
         start -= 1
     return start
 
@@ -55,8 +56,9 @@ def tail(prompt_ids, decode, n=TAIL_IDS, joins=None):
         return None
     start = len(prompt_ids) - n
     if joins is not None:
-        start = run_start(prompt_ids, start, joins)
-        if start == 0:
+        limit = max(0, start - MAX_RUN)
+        start = run_start(prompt_ids, start, joins, limit)
+        if start == limit and (start == 0 or joins(prompt_ids[start])):   # the run may go on before it
             return None
     ids = list(prompt_ids[start:])
     text = decode(ids)
@@ -65,13 +67,17 @@ def tail(prompt_ids, decode, n=TAIL_IDS, joins=None):
     return ids
 
 
-def joining_ids(piece, dropped):
-    """``joins`` for :func:`tail` from a tokenizer's view: ``piece(id)`` is the id's token string (None
-    outside the vocabulary), ``dropped(id)`` True where the decode drops it (a special token with
-    ``skip_special_tokens``).  Byte-fallback pieces, dropped ids and unknown ids join."""
+def byte_pieces(token_to_id):
+    """The ids of a vocabulary's byte-fallback pieces ``<0x00>``...``<0xFF>`` (either case of hex digit, as
+    tokenizers' ByteFallback decoder reads them); ``token_to_id(text)`` gives None where there is none."""
+    found = (token_to_id(f % b) for b in range(256) for f in ("<0x%02X>", "<0x%02x>"))
+    return frozenset(i for i in found if i is not None)
+
+
+def joining_ids(joining, piece):
+    """``joins`` for :func:`tail`: ids in ``joining`` (the byte pieces, and the special tokens where the decode
+    skips them) and ids outside the vocabulary (``piece(id)`` None: the decode drops them) join their
+    neighbours.  The set is looked up first, so a walk back over a long run asks ``piece`` once, at its end."""
     def joins(token_id):
-        if dropped(token_id):
-            return True
-        p = piece(token_id)
-        return p is None or BYTE_PIECE.match(p) is not None
+        return token_id in joining or piece(token_id) is None
     return joins

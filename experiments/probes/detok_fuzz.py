@@ -92,20 +92,25 @@ def reproducers(vocab_dir):
 
 def cost(vocab_dir, names, lengths=(10240, 32768), reps=7):
     """Median ms of vLLM's detokenizer construction + first decode_next, switch off and on: the sample's ids
-    repeated to each length, and the switch's worst case, a prompt of byte pieces only (the run reaches the
-    prompt's start: vLLM's stream stays, after the walk back over it)."""
+    repeated to each length (ending between two characters), and the switch's worst case, a prompt of byte
+    pieces only (the run reaches the prompt's start: vLLM's stream stays, after the walk back over it)."""
     from transformers import PreTrainedTokenizerFast
     rows = []
     for name in names:
         tok, sample, rare = real_vocabularies.from_dir(vocab_dir, name)
         hf = PreTrainedTokenizerFast(tokenizer_object=tok)
         byte = [i for i in (tok.token_to_id("<0x%02X>" % b) for b in range(256)) if i is not None]
+        big = sample * (max(lengths) // len(sample) + 2)
+        end = len(big)
+        while tok.decode(big[end - 64:end]).endswith("\ufffd"):   # a text that ends between characters
+            end -= 1
         for length in lengths:
-            prompts = {"text": (sample * (length // len(sample) + 1))[:length]}
+            prompts = {"text": big[end - length:end]}
             if byte:
                 prompts["byte pieces only"] = [byte[i % len(byte)] for i in range(length)]
             for what, prompt in prompts.items():
                 row = {"vocabulary": name, "prompt_tokens": length, "prompt": what}
+                before = counts() or {}
                 for on in (False, True):
                     times = []
                     for r in range(reps):
@@ -113,6 +118,7 @@ def cost(vocab_dir, names, lengths=(10240, 32768), reps=7):
                         texts(hf, prompt, sample[:1], True, on, rid="c%d" % r)
                         times.append((time.perf_counter() - t0) * 1e3)
                     row["switch_ms" if on else "stock_ms"] = round(statistics.median(times), 3)
+                row["switch_took_the_tail"] = (counts() or {}).get("tail", 0) - before.get("tail", 0) == reps
                 rows.append(row)
     return rows
 

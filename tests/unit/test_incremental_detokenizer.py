@@ -19,12 +19,12 @@ class Stream:
 
 
 class Tokenizer:
-    """Stands in for tokenizers' Tokenizer: ids below ``bytes_below`` are byte-fallback pieces, ids in
-    ``special`` special tokens; every decode gives ``text``."""
+    """Stands in for tokenizers' Tokenizer: ids below ``bytes_below`` (at most 256) are the byte-fallback
+    pieces, ids in ``special`` special tokens; every decode gives ``text``."""
 
     def __init__(self, text="word", fail=False, bytes_below=0, special=()):
         self.text, self.fail, self.calls = text, fail, []
-        self.bytes_below, self.special, self.added_reads = bytes_below, set(special), 0
+        self.bytes_below, self.special, self.added_reads, self.piece_reads = bytes_below, set(special), 0, 0
 
     def decode(self, ids, skip_special_tokens=True):
         self.calls.append((list(ids), skip_special_tokens))
@@ -34,6 +34,10 @@ class Tokenizer:
 
     def id_to_token(self, i):
         return "<0x%02X>" % (i % 256) if i < self.bytes_below else "piece%d" % i
+
+    def token_to_id(self, text):
+        self.piece_reads += 1
+        return {"<0x%02X>" % b: b for b in range(min(256, self.bytes_below))}.get(text)
 
     def get_added_tokens_decoder(self):
         self.added_reads += 1
@@ -116,14 +120,14 @@ def test_vllms_own_error_propagates_untouched(monkeypatch, counts):
 
 @pytest.mark.parametrize("skip", [True, False])
 def test_a_run_of_byte_pieces_and_skipped_specials_across_the_tail_moves_its_start_back(monkeypatch, counts, skip):
-    """ids 0-299 are byte pieces, 300-309 special: the 64-id tail starts at special 306, inside the run
-    100..309 (byte pieces, then specials that join it when skipped); with skip_special_tokens it starts
-    where the run does, without it the specials end the run and the 64 ids stay."""
+    """ids 0-255 are byte pieces, 300-309 special: the 64-id tail starts at special 306, inside the run
+    100..255, 300..309 (byte pieces, then specials that join it when skipped); with skip_special_tokens it
+    starts where the run does, without it the specials end the run and the 64 ids stay."""
     monkeypatch.setenv("XLKV_DETOK_TAIL", "true")
-    prompt = list(range(0, 100, 2)) + [1000] + list(range(100, 310)) + list(range(400, 400 + 60))
-    tok = Tokenizer(bytes_below=300, special=range(300, 310))
+    prompt = list(range(0, 100, 2)) + [1000] + list(range(100, 256)) + list(range(300, 310)) + list(range(400, 460))
+    tok = Tokenizer(bytes_below=256, special=range(300, 310))
     inst, _ = make(prompt, tok, skip=skip)
-    start = prompt.index(100) if skip else len(prompt) - 64   # specials join the run only when skipped
+    start = prompt.index(100) if skip else len(prompt) - 64
     assert inst.stream.ids == prompt[start:] and counts["tail"] == 1, (len(inst.stream.ids), start)
 
 
@@ -133,10 +137,10 @@ def test_a_run_reaching_the_prompts_start_keeps_vllms_stream(monkeypatch, counts
     assert inst.stream.ids == list(range(200)) and counts["kept"] == 1 and tok.calls == []
 
 
-def test_the_special_tokens_are_read_once_per_tokenizer(monkeypatch, counts):
+def test_the_byte_pieces_and_special_tokens_are_read_once_per_tokenizer_and_skip(monkeypatch, counts):
     monkeypatch.setenv("XLKV_DETOK_TAIL", "true")
     tok = Tokenizer(special=[5])
     for _ in range(3):
         make(list(range(1000)), tok)
     make(list(range(1000)), tok, skip=False)
-    assert tok.added_reads == 1 and counts["tail"] == 4
+    assert tok.added_reads == 1 and tok.piece_reads == 2 * 512 and counts["tail"] == 4

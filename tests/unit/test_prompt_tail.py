@@ -184,10 +184,11 @@ def _vllm_texts(stream, tok, cont, skip):
 def _switch(tok, prompt, skip, joins=True):
     """The switch's stream for a real tokenizer, as patches/incremental_detokenizer.py builds it (None: vLLM's);
     joins=False is the planted fault: the tail without its run extension."""
-    dropped = (lambda i, s=frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special): i in s) \
-        if skip else (lambda i: False)
+    joining = prompt_tail.byte_pieces(tok.token_to_id)
+    if skip:
+        joining |= frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
     ids = prompt_tail.tail(prompt, lambda part: tok.decode(part, skip_special_tokens=skip),
-                           joins=prompt_tail.joining_ids(tok.id_to_token, dropped) if joins else None)
+                           joins=prompt_tail.joining_ids(joining, tok.id_to_token) if joins else None)
     return None if ids is None else DecodeStream(ids=ids, skip_special_tokens=skip)
 
 
@@ -227,3 +228,19 @@ def test_the_three_byte_run_reproducers_give_vllms_text_and_the_unextended_tail_
         assert _switch(tok, prompt, skip) is None, what             # the run reaches into the tail: vLLM's stream
         unextended = _switch(tok, prompt, skip, joins=False)
         assert unextended is not None and _vllm_texts(unextended, tok, cont, skip) != stock, what
+
+
+def test_a_run_longer_than_max_run_keeps_the_whole_prompt_after_max_run_lookups():
+    """A prompt spelled in byte pieces is one run: the walk back stops after MAX_RUN ids and keeps vLLM's
+    stream (decoding nothing); a run that ends within MAX_RUN gives the tail from its start."""
+    asked = []
+
+    def joins(i):
+        asked.append(i)
+        return i < 256
+    long_run = [1000] + [7] * (prompt_tail.MAX_RUN + 500) + [8] * 64
+    assert prompt_tail.tail(long_run, lambda ids: pytest.fail("decoded"), joins=joins) is None
+    assert len(asked) <= 2 * prompt_tail.MAX_RUN + 4, len(asked)
+    short_run = [1000] * 50 + [7] * (prompt_tail.MAX_RUN - 100) + [8] * 64
+    got = prompt_tail.tail(short_run, lambda ids: "text", joins=joins)
+    assert got == short_run[50:], len(got)

@@ -68,24 +68,26 @@ def _count(what):
         COUNTS[what] += 1
 
 
-#: id(tokenizer) -> (tokenizer, its special token ids): an API server decodes with one tokenizer, whose
-#: added tokens are read once, not per request (kept with the tokenizer so that an id is never reused)
-_SPECIAL = {}
+#: (id(tokenizer), skip_special_tokens) -> (tokenizer, the ids that join their neighbours): an API server
+#: decodes with one tokenizer, whose byte pieces and special tokens are read once, not per request (kept
+#: with the tokenizer so that an id is never reused)
+_JOINING = {}
 
 
-def _dropped(tokenizer, skip):
-    """``dropped(id)`` for prompt_tail.joining_ids: the ids a ``tokenizers.Tokenizer`` decode drops with
-    ``skip_special_tokens=skip`` (its added tokens marked special; none without skip)."""
-    if not skip:
-        return lambda token_id: False
-    entry = _SPECIAL.get(id(tokenizer))
+def _joining(tokenizer, skip):
+    """The byte-fallback pieces of a ``tokenizers.Tokenizer`` and, with ``skip_special_tokens``, its special
+    tokens (the ids its decode drops)."""
+    key = (id(tokenizer), bool(skip))
+    entry = _JOINING.get(key)
     if entry is None or entry[0] is not tokenizer:
+        ids = prompt_tail.byte_pieces(tokenizer.token_to_id)
+        if skip:
+            ids |= frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
         with _lock:
-            if len(_SPECIAL) >= 8:
-                _SPECIAL.clear()
-            special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
-            entry = _SPECIAL[id(tokenizer)] = (tokenizer, special)
-    return entry[1].__contains__
+            if len(_JOINING) >= 16:
+                _JOINING.clear()
+            entry = _JOINING[key] = (tokenizer, ids)
+    return entry[1]
 
 
 def init_wrapper(wrapped, instance, args, kwargs):
@@ -97,7 +99,7 @@ def init_wrapper(wrapped, instance, args, kwargs):
         tokenizer, skip = instance.tokenizer, instance.skip_special_tokens
         ids = prompt_tail.tail(request.prompt_token_ids,
                                lambda part: tokenizer.decode(part, skip_special_tokens=skip),
-                               joins=prompt_tail.joining_ids(tokenizer.id_to_token, _dropped(tokenizer, skip)))
+                               joins=prompt_tail.joining_ids(_joining(tokenizer, skip), tokenizer.id_to_token))
         if ids is None:
             _count("kept")
             return
