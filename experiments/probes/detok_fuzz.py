@@ -143,8 +143,11 @@ def main():
     if a.plant:
         plant()
     t0 = time.time()
+    import subprocess
+    from xlkv_autopatch._version import __version__
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     result = {"vllm": md.version("vllm"), "tokenizers": md.version("tokenizers"),
-              "shim": md.version("xlkv_autopatch"), "planted": a.plant, "cases_per_vocabulary_and_skip": a.cases,
+              "shim": __version__, "commit": commit.strip() or None, "planted": a.plant, "cases_per_vocabulary_and_skip": a.cases,
               "seed": a.seed, "command": " ".join(sys.argv),
               "fuzz": fuzz(a.vocabs, names, a.cases, a.seed)}
     result["reproducers"] = reproducers(a.vocabs)
