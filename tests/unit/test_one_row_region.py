@@ -87,4 +87,5 @@ def test_a_region_shorter_than_the_block_stride_is_refused_or_not_sliced(heads):
         assert page_contiguous.register_wrapper(vllm_registers(row // 2), conn, (kv,), {}) == "registered"
         sliceable, why = _state.heads_outermost(w)
         assert not sliceable and why and "not one region per block row" in why and "strides [%d]" % row in why, (
-            "rows registered as one region shorter than the block stride were marked (sliceable, why) = %r" % ((sliceable, why),))
+            "rows registered as one region shorter than the block stride were marked (sliceable, why) = %r"
+            % ((sliceable, why),))
