@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from xlkv_autopatch import releases
+from xlkv_autopatch import prompt_tail, releases
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "experiments"))
@@ -1485,8 +1485,56 @@ FAILURE_CLAIMS = [
               "%.3f" % nc(DETOK_EQ["0.33.0"], "nc-shim-detok"), "%.3f" % nc(DETOK_EQ["0.29.0"], "nc-shim-detok"))),
 ]
 
+FUZZ = {r: "2026-11-29-detok-fuzz-%s.json" % r for r in ("0.21.0", "0.26.0", "0.33.0")}
+FUZZ_PLANTED = "2026-11-29-detok-fuzz-0.33.0-planted.json"
+
+
+def fuzz_same(key):
+    """One figure that every release's fuzz file has (or "?")."""
+    values = {key(load(f)) for f in FUZZ.values()}
+    return values.pop() if len(values) == 1 else "?"
+
+
+def thousands(n):
+    return "{:,}".format(n)
+
+
+def fuzz_cost(length, prompt, mode):
+    """min–max over the vocabularies of one cost row's median ms on vLLM 0.33.0 (under 1 ms: two decimals)."""
+    xs = [r[mode + "_ms"] for r in load(FUZZ["0.33.0"])["cost"] if (r["prompt_tokens"], r["prompt"]) == (length, prompt)]
+    return span(xs, fmt=lambda x: "%.2f" % x if x < 1 else f1(x))
+
+
+FUZZ_CLAIMS = [
+    ("with `skip_special_tokens` on and off: {} cases per vocabulary and setting, **{} per release, {} differences** on "
+     "vLLM {}, {} and {}",
+     lambda: (thousands(fuzz_same(lambda d: d["cases_per_vocabulary_and_skip"])),
+              thousands(fuzz_same(lambda d: d["total_cases"])), fuzz_same(lambda d: d["total_differ"]), *sorted(FUZZ))),
+    ("The tail was taken in {} of each {} and vLLM's stream kept in the others",
+     lambda: (thousands(fuzz_same(lambda d: sum(v["tail"] for v in d["fuzz"].values()))),
+              thousands(fuzz_same(lambda d: d["total_cases"])))),
+    ("a stray byte before {} skipped `<s>`; ids cut inside a character before {} emoji in byte pieces; an invalid byte "
+     "before {} \"é\" in bytes) give vLLM's text",
+     lambda: (63, 17, 40) if all(stock == switch for f in FUZZ.values()
+                                  for stock, switch in load(f)["reproducers"].values()) else ("?",) * 3),
+    ("gives another text in {} of {} cases on vLLM {}, all on the two SentencePiece vocabularies ({} Mistral v1, {} "
+     "Mistral v3), and in all {} reported prompts",
+     lambda: (load(FUZZ_PLANTED)["total_differ"], thousands(load(FUZZ_PLANTED)["total_cases"]), load(FUZZ_PLANTED)["vllm"],
+              load(FUZZ_PLANTED)["fuzz"]["mistral-v1"]["differ"], load(FUZZ_PLANTED)["fuzz"]["mistral-v3"]["differ"],
+              "three" if load(FUZZ_PLANTED)["planted"] and all(stock != switch for stock, switch in
+                                                                 load(FUZZ_PLANTED)["reproducers"].values()) else "?")),
+    ("prompts of text, {} ids: {} ms stock, {} ms with the switch; {} ids: {} ms stock, {} ms with the switch",
+     lambda: (10240, fuzz_cost(10240, "text", "stock"), fuzz_cost(10240, "text", "switch"),
+              32768, fuzz_cost(32768, "text", "stock"), fuzz_cost(32768, "text", "switch"))),
+    ("after the walk back stops at {} ids: {} vs {} ms at {} ids and {} vs {} ms at {}",
+     lambda: (prompt_tail.MAX_RUN, fuzz_cost(10240, "byte pieces only", "stock"), fuzz_cost(10240, "byte pieces only", "switch"), 10240,
+              fuzz_cost(32768, "byte pieces only", "stock"), fuzz_cost(32768, "byte pieces only", "switch"), 32768)),
+    ("(median of {} of vLLM's detokenizer set-up", lambda: (7,)),
+    ("**Planted**: the tail cut at {} ids whatever the run", lambda: (prompt_tail.TAIL_IDS,)),
+]
+
 CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS
-                             + GRAPHS_26_CLAIMS + GRAPHS_33B_CLAIMS,
+                             + GRAPHS_26_CLAIMS + GRAPHS_33B_CLAIMS + FUZZ_CLAIMS,
           "deploy.md": DEPLOY}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.
