@@ -23,6 +23,11 @@ def main(argv=None):
                     help="with --model and --decode-tp: a prefill/decode pair at these TP sizes: is it served, with "
                          "which layout on each side, and the descriptors per block per remote rank")
     st.add_argument("--decode-tp", type=int, default=None, metavar="N", help="with --model and --prefill-tp")
+    st.add_argument("--block-size", type=int, default=None, metavar="N",
+                    help="with --model: vLLM's --block-size (default 16)")
+    st.add_argument("--kernel-block-size", type=int, default=None, metavar="N",
+                    help="with --model: the attention kernel's block in tokens, where it is smaller than --block-size "
+                         "(vLLM picks it with the attention backend; status cannot know it otherwise)")
     args = parser.parse_args(argv)
     if (args.prefill_tp is None) != (args.decode_tp is None) or (args.prefill_tp and not args.model):
         parser.error("--prefill-tp and --decode-tp go together, with --model")
@@ -38,10 +43,10 @@ def main(argv=None):
         sys.stdout.write("\n")
     else:
         text = status_report.render(info).split("\n")
-        if args.model:  # before the PROBLEM lines and the verdict
+        if args.model:  # before the PROBLEM lines (the verdict is the first line)
             from . import model_report
 
-            at = next((i for i, line in enumerate(text) if line.startswith(("PROBLEM:", "status:"))), len(text))
+            at = next((i for i, line in enumerate(text) if line.startswith("PROBLEM:")), len(text))
             text[at:at] = model_report.render(info["model"]) + (
                 model_report.render_pair(info["pair"]) if "pair" in info else [])
         print("\n".join(text))
@@ -52,17 +57,29 @@ def _add_model(info, args):
     from . import model_report
     from .flag import knob
 
+    sizes = dict(block_size=args.block_size, kernel_block_size=args.kernel_block_size)
     info["model"] = model_report.collect(args.model, tp=args.tp, pp=args.pp,
-                                         use_vllm=bool(info.get("vllm_installed")))
+                                         use_vllm=bool(info.get("vllm_installed")), **sizes)
     try:
         strict = knob("XLKV_STRICT")
     except Exception:  # a bad value is already a PROBLEM of its own
         strict = False
-    found = model_report.problems(info["model"], strict and info["flag"]["on"])
+    strict = strict and info["flag"]["on"]
+    found = model_report.problems(info["model"], strict)
     if args.prefill_tp is not None:
-        info["pair"] = model_report.pair(args.model, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, pp=args.pp,
-                                         use_vllm=bool(info.get("vllm_installed")))
-        if not info["pair"].get("served", False):
+        info["pair"] = pair = model_report.pair(args.model, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp,
+                                                pp=args.pp, use_vllm=bool(info.get("vllm_installed")), **sizes)
+        stops = {name: model_report.start_up_stop(side, strict) for name, side in pair.get("sides", {}).items()}
+        stopped = [name for name, why in stops.items() if why]
+        if stopped and not pair.get("error"):
+            pair.update(served=False, reason="not served: %s %s not start (%s)" % (
+                " and ".join(stopped), "does" if len(stopped) == 1 else "do", "the PROBLEM line says why" if info["problems"] or found else
+                "; ".join(stops[n] for n in stopped)), descriptors_per_block_per_remote_rank={"stock": None,
+                                                                                                "xlkv": None})
+            if not (info["problems"] or found):  # no PROBLEM line names it yet: this one does
+                found.append("prefill TP %d -> decode TP %d with ENABLE_XLKV on both: %s" % (
+                    args.prefill_tp, args.decode_tp, pair["reason"]))
+        elif not pair.get("served", False):
             found.append("prefill TP %d -> decode TP %d with ENABLE_XLKV on both: %s" % (
                 args.prefill_tp, args.decode_tp, info["pair"].get("reason") or info["pair"].get("error")))
     info["problems"].extend(found)

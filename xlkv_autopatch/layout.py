@@ -73,6 +73,42 @@ def explicit_layout_reason(env_layout: str) -> str:
     return "VLLM_KV_CACHE_LAYOUT=%s is set explicitly and wins" % env_layout
 
 
+#: the values vLLM accepts for VLLM_KV_CACHE_LAYOUT (its envs.py ``env_with_choices``: compared as written,
+#: case and blanks included; anything else, an empty value too, stops vLLM with "Invalid value ..." where it
+#: reads the variable), by whether the release has KV-cache layouts (0.29+; 0.12-0.28 know NHD and HND only)
+VLLM_LAYOUT_VALUES = {False: ("NHD", "HND"),
+                      True: ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND", "BLHNC", "BLNHC", "BHLNC")}
+
+
+def invalid_layout_value(env_layout: Optional[str], *, kv_cache_layouts: bool, release: str = "") -> Optional[str]:
+    """Why vLLM refuses this ``VLLM_KV_CACHE_LAYOUT`` value (None: unset, or a value it accepts): vLLM
+    compares the value exactly as written with its list (``VLLM_LAYOUT_VALUES``) and stops with
+    ``ValueError: Invalid value '<value>' for VLLM_KV_CACHE_LAYOUT`` where it reads it, with or without
+    xlkv.  The fix names the accepted spelling where the value is one up to case and blanks."""
+    if env_layout is None:
+        return None
+    allowed = VLLM_LAYOUT_VALUES[bool(kv_cache_layouts)]
+    if env_layout in allowed:
+        return None
+    near = env_layout.strip().upper()
+    fix = ("set VLLM_KV_CACHE_LAYOUT=%s (capitals, no blanks) or unset it" % near if near in allowed else
+           "set it to one of those values or unset it")
+    return ("VLLM_KV_CACHE_LAYOUT=%r is not a value vLLM%s accepts (it compares the value as written, case and "
+            "blanks included, with %s): vLLM stops at start-up with \"Invalid value %r for VLLM_KV_CACHE_LAYOUT\", "
+            "with or without ENABLE_XLKV. Fix: %s" % (env_layout, " " + release if release else "",
+                                                       ", ".join(allowed), env_layout, fix))
+
+
+def kernel_split_reason(kernel_block_size: int, block_size: int) -> Optional[str]:
+    """vLLM >= 0.29: why an attention kernel block smaller than the KV block keeps the stock layout (vLLM's
+    NIXL registration cannot split a block-outermost layout into kernel blocks), or None."""
+    if kernel_block_size < block_size:
+        return ("the attention kernel block (%d tokens) is smaller than the KV block (%d tokens), and vLLM's NIXL "
+                "registration cannot split a block-outermost layout into kernel blocks" % (kernel_block_size,
+                                                                                         block_size))
+    return None
+
+
 #: vLLM's aliases of VLLM_KV_CACHE_LAYOUT values (0.29+ envs.py)
 LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 

@@ -28,12 +28,13 @@ def _from_vllm(path):
             getattr(model, "hf_text_config", None) or model.hf_config)
 
 
-def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True):
+def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True, block_size=None, kernel_block_size=None):
     """What a prefill/decode pair at these TP sizes gets: each side's decision (collect), whether the
     pair is served with ENABLE_XLKV on both, and the descriptors per block that each decode rank
     reads from each remote prefill rank (before NIXL merges neighbours)."""
-    sides = {"prefill": collect(path, tp=prefill_tp, pp=pp, use_vllm=use_vllm),
-             "decode": collect(path, tp=decode_tp, pp=pp, use_vllm=use_vllm)}
+    sizes = dict(block_size=block_size, kernel_block_size=kernel_block_size)
+    sides = {"prefill": collect(path, tp=prefill_tp, pp=pp, use_vllm=use_vllm, **sizes),
+             "decode": collect(path, tp=decode_tp, pp=pp, use_vllm=use_vllm, **sizes)}
     out = {"prefill_tp": prefill_tp, "decode_tp": decode_tp, "sides": sides}
     if any(side.get("error") for side in sides.values()):
         out["error"] = sides["prefill"].get("error") or sides["decode"].get("error")
@@ -93,8 +94,7 @@ def render_pair(info):
                                                                   info["reason"])]
     for name in ("prefill", "decode"):
         side = info["sides"][name]
-        lines.append("  %s (TP %d, %s KV heads per rank): %s" % (name, side["tp"], count(side["kv_heads_per_rank"]),
-                                                                 side["layout"]))
+        lines.append("  %s (TP %d, %s): %s" % (name, side["tp"], per_rank(side), side["layout"]))
     if info["served"]:
         lines.append("  each decode rank reads %s prefill rank(s); NIXL descriptors per block per remote rank (before "
                      "NIXL merges neighbours): stock %s, xlkv %s" % (count(info["remote_ranks_per_decode_rank"]),
@@ -102,8 +102,18 @@ def render_pair(info):
     return lines
 
 
-def collect(path, *, tp=1, pp=1, use_vllm=True):
-    """The decision for the model in folder ``path`` at tensor/pipeline parallel sizes tp/pp."""
+def per_rank(side):
+    """What one TP rank holds of the KV cache, as vLLM registers it: its share of the KV heads, or (MLA) the
+    one latent KV cache every rank holds whole."""
+    if side.get("attention") in families.REPLICATED:
+        return "the latent KV cache replicated on every rank"
+    n = side.get("kv_heads_per_rank")
+    return "%s KV head%s per rank" % ("?" if n is None else n, "" if n == 1 else "s")
+
+
+def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_size=None):
+    """The decision for the model in folder ``path`` at tensor/pipeline parallel sizes tp/pp (``block_size``:
+    vLLM's --block-size, ``kernel_block_size``: the attention kernel's block, where the caller knows it)."""
     out = {"dir": path, "tp": tp, "pp": pp, "notes": []}
     try:
         cfg = _read_config(path)
@@ -144,11 +154,36 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
                                  else "with FLASH_ATTN; other attention backends (%s) keep the stock layout: %s")
                                 % (", ".join(others), kept[others[0]]))
     env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
-    explicit = layout.explicit_layout(env_layout) if release.kv_cache_layouts else None
+    rel = "%d.%d" % release.release[:2]
+    invalid = layout.invalid_layout_value(env_layout, kv_cache_layouts=release.kv_cache_layouts, release=rel)
+    explicit = layout.explicit_layout(env_layout) if release.kv_cache_layouts and not invalid else None
+    if invalid:  # vLLM itself stops at start-up (status's PROBLEM line says why): no layout runs
+        out["stops"] = "vLLM %s stops at start-up: VLLM_KV_CACHE_LAYOUT=%r is not a value it accepts" % (
+            rel, env_layout)
     if explicit is not None:  # vLLM reads it before asking the connector: it decides
         decision = replace(decision, cross_layer=explicit.use and decision.cross_layer, reason=explicit.reason,
                            layout=layout.layout_name(env_layout))
+        out["explicit_layout"] = True
+    block = block_size or DEFAULT_BLOCK_SIZE
+    kernel_ratio = 1
+    if decision.cross_layer and kernel_block_size and kernel_block_size < block:
+        if release.kv_cache_layouts:  # the same rule the layout patch applies at start-up (a WARNING there)
+            decision = replace(decision, cross_layer=False, for_any_tp=False, layout=None,
+                               reason=layout.kernel_split_reason(kernel_block_size, block))
+        elif block % kernel_block_size == 0:  # 0.12-0.28: one descriptor per kernel block
+            kernel_ratio = block // kernel_block_size
+    elif decision.cross_layer and release.kv_cache_layouts and not kernel_block_size and not invalid:
+        out["notes"].append("assumes the attention kernel block is the KV block (%d tokens): where the attention "
+                            "backend vLLM picks splits it into smaller kernel blocks, the engine keeps the stock layout "
+                            "(a WARNING at start-up). status cannot know the backend's kernel block before vLLM picks "
+                            "it: --kernel-block-size N says what then runs" % block)
     stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
+    if invalid:
+        stock = xlkv = None  # nothing is registered: no engine starts
+    if kernel_ratio > 1 and isinstance(xlkv, int):
+        xlkv *= kernel_ratio
+        out["notes"].append("the attention kernel block (%d tokens) splits each %d-token KV block: one descriptor per "
+                            "kernel block" % (kernel_block_size, block))
     by_backend = None
     if kept and decision.cross_layer:
         # 0.12-0.25: a blocks-first backend's cross-layer block keeps K and V apart (2 regions)
@@ -159,13 +194,15 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
             out["notes"].append("NIXL descriptors per block id depend on the attention backend vLLM picks: %s"
                                 % ", ".join("%s %s" % kv for kv in by_backend.items()))
     out.update({
+        "block_size": block,
+        "kernel_block_size": kernel_block_size,
         "source": source,
         "family": decision.family,
         "attention": shape.attention,
         "title": decision.title,
         "cross_layer": decision.cross_layer,
         "reason": decision.reason,
-        "layout": _layout_name(release, decision),
+        "layout": "none (vLLM stops at start-up)" if invalid else _layout_name(release, decision),
         "kv_heads_per_rank": shape.kv_heads_per_rank,
         "kv_heads": shape.kv_heads,
         "attention_layers_per_block_id": shape.group_layers,
@@ -173,6 +210,10 @@ def collect(path, *, tp=1, pp=1, use_vllm=True):
         "descriptors_per_block_by_backend": by_backend,
     })
     return out
+
+
+#: vLLM's default --block-size (CacheConfig.block_size), which status --block-size stands for when not given
+DEFAULT_BLOCK_SIZE = 16
 
 
 def _layout_name(release, decision):
@@ -189,10 +230,24 @@ def problems(info, strict):
     """Start-up refusals this model causes: with XLKV_STRICT=1 a stock family is an error."""
     if info.get("error"):
         return [info["error"]]
+    if info.get("stops") or info.get("explicit_layout"):
+        return []  # status's own PROBLEM or NOTE names VLLM_KV_CACHE_LAYOUT (once)
     if strict and not info["cross_layer"]:
         return ["XLKV_STRICT=1 and this model keeps the stock layout (%s): vLLM stops at start-up. Fix: unset "
                 "XLKV_STRICT to serve it with the stock layout" % info["reason"]]
     return []
+
+
+def start_up_stop(info, strict):
+    """Why the engine of side ``info`` does not start (None: it starts): vLLM refuses VLLM_KV_CACHE_LAYOUT, or
+    XLKV_STRICT=1 turns its kept stock layout into an error."""
+    if info.get("error"):
+        return None
+    if info.get("stops"):
+        return info["stops"]
+    if strict and not info["cross_layer"]:
+        return "XLKV_STRICT=1 turns its kept stock layout into an error at start-up (%s)" % info["reason"]
+    return None
 
 
 def render(info):
@@ -202,8 +257,10 @@ def render(info):
     count = lambda n: "?" if n is None else str(n)  # noqa: E731
     lines = ["model %s (TP %d, PP %d; facts from %s): %s" % (info["dir"], info["tp"], info["pp"], info["source"],
                                                               info["title"]),
-             "  with ENABLE_XLKV=true: %s -- %s" % (info["layout"], info["reason"]),
-             "  NIXL descriptors per block id (one KV cache group, before NIXL merges neighbours): stock %s, "
-             "xlkv %s" % (count(d["stock"]), count(d["xlkv"]))]
+             "  with ENABLE_XLKV=true: %s" % ("nothing runs: %s" % info["stops"] if info.get("stops") else
+                                              "%s -- %s" % (info["layout"], info["reason"])),
+             ] + ([] if info.get("stops") else [
+                 "  NIXL descriptors per block id (one KV cache group, before NIXL merges neighbours): stock %s, "
+                 "xlkv %s" % (count(d["stock"]), count(d["xlkv"]))])
     lines += ["  NOTE: %s" % n for n in info["notes"]]
     return lines

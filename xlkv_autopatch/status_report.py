@@ -268,6 +268,35 @@ def _how_installed():
     return "xlkv_autopatch was probably installed with --no-deps"
 
 
+def no_effect(name, f, flag_state_, environ=None):
+    """Why knob ``name``, set on, does nothing on the release of facts ``f`` with the flag as set (None: it
+    acts, or it is not on)."""
+    from . import layout
+
+    if knob_state(name, environ) != "on" or name == FLAG:
+        return None
+    if name == layout.EQUAL_TP_KNOB and f.kv_cache_layouts:
+        return ("it does nothing on vLLM %s: xlkv's heads-outermost %s rows serve any TP pairing (it acts on vLLM "
+                "%s only)" % (_release_text(f), layout.HEADS_OUTERMOST_LAYOUT,
+                              _span_of(lambda x: not x.kv_cache_layouts)))
+    if name in ("XLKV_DETOK_TAIL",):
+        if not f.detokenizer_primes_prompt:
+            return ("it does nothing on vLLM %s: its detokenizer primes no prompt (it acts on vLLM %s)"
+                    % (_release_text(f), _span_of(lambda x: x.detokenizer_primes_prompt)))
+    if flag_state_ != "on" and ((os.environ if environ is None else environ).get(name) or "").strip():
+        return "it does nothing while ENABLE_XLKV is not on (the shim is not active)"
+    return None
+
+
+def invalid_layout_problem(f, environ=None):
+    """A VLLM_KV_CACHE_LAYOUT value vLLM itself refuses (layout.invalid_layout_value), flag on or off."""
+    from . import layout
+
+    env = os.environ if environ is None else environ
+    return layout.invalid_layout_value(env.get("VLLM_KV_CACHE_LAYOUT"), kv_cache_layouts=f.kv_cache_layouts,
+                                       release=_release_text(f))
+
+
 def explicit_layout_problem(f, state):
     """0.29+ with the flag on and an explicit VLLM_KV_CACHE_LAYOUT that is not a whole-row layout: what
     runs instead of xlkv's layout (a note; with XLKV_STRICT=1 a problem: the engine refuses to start)."""
@@ -334,7 +363,12 @@ def _collect_patches(out, resolve):
         f = facts.facts_for(version)
         out["runtime_refusals"] = runtime_refusals(f)
         out["switches"] = switches(f, state)
-        explicit = explicit_layout_problem(f, state)
+        for k in out["knobs"]:
+            k["no_effect"] = no_effect(k["name"], f, state)
+        bad_layout = invalid_layout_problem(f)
+        if bad_layout:
+            problems.append(bad_layout)
+        explicit = None if bad_layout else explicit_layout_problem(f, state)
         if explicit:
             (problems if explicit.startswith("XLKV_STRICT") else out["notes"]).append(explicit)
         hazard = one_sided_hazard(f, state)
@@ -450,9 +484,25 @@ def _vllm_line(info):
     return "vLLM: %s  [%s]" % (info["vllm"], mark)
 
 
+def verdict(info):
+    """The report's first line: OK, or NOT OK with how many PROBLEM lines follow."""
+    if info["ok"]:
+        return "status: OK"
+    n = len(info["problems"])
+    return "status: NOT OK (%d problem%s: the PROBLEM line%s below)" % (n, "" if n == 1 else "s",
+                                                                      "" if n == 1 else "s")
+
+
+def _refusal_core(text):
+    """A start-up refusal's own sentence, without the exception name and the activation path's note."""
+    text = text.split(": ", 1)[1] if text.startswith("Xlkv") and ": " in text else text
+    return text.split(" [refused at ", 1)[0].strip()
+
+
 def render(info):
     states = {"on": "on", "off": "off", "invalid": "NOT RECOGNISED"}
     lines = [
+        verdict(info),
         "xlkv_autopatch %s at %s (python %s: %s)" % (info["xlkv_autopatch"], info.get("xlkv_autopatch_path"),
                                                      info["python"], info.get("python_executable")),
         _vllm_line(info),
@@ -464,6 +514,8 @@ def render(info):
                 k["state"]]
         elif k["state"] != "invalid" and not (k["value"] or "").strip():
             what += " (default)"
+        if k.get("no_effect"):
+            what += ", but %s" % k["no_effect"]
         lines.append("%s: %s -> %s" % (k["name"], _shown(k["value"]), what))
     if "knobs" in info:
         lines.append("  (each accepts 1/true/yes/on, 0/false/no/off, or unset/empty for its default)")
@@ -497,9 +549,13 @@ def render(info):
                                                  "  " + p["error"] if p.get("error") else ""))
     if info["vllm"] and not any(g["applies"] and g["name"] != "guard" for g in info["patch_sets"]):
         lines.append("no patch set applies to vLLM %s" % info["vllm"])
-    if info["activation"].get("start_up_refusal"):
+    refusal = info["activation"].get("start_up_refusal")
+    if refusal:
+        core = _refusal_core(refusal)
+        said = any(core and core in p for p in info["problems"])  # the PROBLEM line says it: once
         lines.append("this process's start-up hook refused to activate (every import of vLLM raised it; status lifted "
-                     "it to look further): %s" % info["activation"]["start_up_refusal"])
+                     "it to look further): %s" % ("%s, as a PROBLEM line below says" % refusal.split(":", 1)[0]
+                                                   if said else refusal))
     for sw in info.get("switches", []):
         lines.append("switch %s on vLLM %s: %s" % (sw["name"], info["vllm"], sw["does"]))
     if info.get("runtime_refusals"):
@@ -509,5 +565,4 @@ def render(info):
         lines.append("NOTE: %s" % note)
     for prob in info["problems"]:
         lines.append("PROBLEM: %s" % prob)
-    lines.append("status: %s" % ("OK" if info["ok"] else "NOT OK"))
     return "\n".join(lines)

@@ -43,7 +43,8 @@ def problems(text):
 
 def test_healthy_configuration_is_ok(status):
     rc, text = status("0.33.0", ENABLE_XLKV="true")
-    assert rc == 0 and text.endswith("status: OK\n") and problems(text) == [], text
+    assert rc == 0 and text.startswith("status: OK\n") and problems(text) == [], text
+    assert text.count("status: ") == 1, text  # one verdict line, the first
     assert "vLLM: 0.33.0  [supported: >=0.12,<0.34]" in text
 
 
@@ -57,7 +58,7 @@ def test_every_knob_error_is_a_problem_and_a_non_zero_exit(status, env, flag):
         env = dict(env, ENABLE_XLKV=flag)
     rc, text = status("0.33.0", **env)
     (name, value), = [(k, v) for k, v in env.items() if k != "ENABLE_XLKV" or v == "maybe"]
-    assert rc == 1 and text.endswith("status: NOT OK\n"), text
+    assert rc == 1 and text.startswith("status: NOT OK ("), text
     (line,) = [p for p in problems(text) if "%s=%r" % (name, value) in p]
     assert "accepted: 1/true/yes/on (on), 0/false/no/off (off), or unset/empty" in line and "Fix: " in line
     assert "%s: %r -> NOT RECOGNISED" % (name, value) in text
@@ -69,7 +70,7 @@ def test_without_vllm_it_says_where_the_shim_is_the_range_and_what_to_do(status)
     assert rc == 1
     assert "None" not in text and "ENABLE_XLKV: unset -> off (stock vLLM)" in text
     assert "XLKV_COALESCE: unset -> on (default)" in text and "XLKV_STRICT: unset -> off (default)" in text
-    first = text.splitlines()[0]
+    first = text.splitlines()[1]  # after the verdict
     assert first.startswith("xlkv_autopatch %s at %s " % (xlkv_autopatch.__version__, PKG)), first
     (line,) = problems(text)
     assert "vLLM is not installed in this environment" in line and "vLLM >=0.12,<0.34" in line
@@ -341,3 +342,79 @@ def test_an_unknown_switch_value_is_refused_like_any_knob(status):
     rc, text = status("0.33.0", ENABLE_XLKV="true", XLKV_DETOK_TAIL="64")
     assert rc == 1 and any("XLKV_DETOK_TAIL='64'" in p for p in problems(text)), text
     assert "switch XLKV_DETOK_TAIL on vLLM 0.33.0: not recognised" in text
+
+
+@pytest.mark.parametrize("vllm, value, near", [
+    ("0.33.0", "bhlnc", "BHLNC"), ("0.33.0", "HND ", "HND"), ("0.33.0", "", None), ("0.33.0", "BHNLC", None),
+    # 0.12-0.28 know NHD and HND only (their envs.py): a 0.29+ layout name stops them
+    ("0.21.0", "LBHNC", None), ("0.14.1", "hnd", "HND")])
+@pytest.mark.parametrize("flag", ["true", None])
+def test_a_layout_value_vllm_refuses_is_one_problem(status, vllm, value, near, flag):
+    """vLLM compares VLLM_KV_CACHE_LAYOUT as written with its own list (envs.py env_with_choices: case and
+    blanks included) and stops with "Invalid value ..."; status said "OK" (it upper-cased and stripped it)."""
+    env = dict(VLLM_KV_CACHE_LAYOUT=value, **({"ENABLE_XLKV": flag} if flag else {}))
+    rc, text = status(vllm, **env)
+    (line,) = problems(text)
+    assert rc == 1 and text.startswith("status: NOT OK (1 problem"), text
+    assert "vLLM stops at start-up with \"Invalid value %r for VLLM_KV_CACHE_LAYOUT\", with or without " \
+           "ENABLE_XLKV" % value in line, line
+    assert ("Fix: set VLLM_KV_CACHE_LAYOUT=%s (capitals, no blanks) or unset it" % near if near else
+            "Fix: set it to one of those values or unset it") in line, line
+    assert "VLLM_KV_CACHE_LAYOUT" not in "".join(notes(text)), notes(text)  # said once
+
+
+@pytest.mark.parametrize("vllm, value", [("0.33.0", "BHLNC"), ("0.33.0", "LBHNC"), ("0.33.0", "NHD"),
+                                         ("0.21.0", "HND"), ("0.14.1", "NHD")])
+def test_a_layout_value_vllm_accepts_is_no_problem(status, vllm, value):
+    rc, text = status(vllm, VLLM_KV_CACHE_LAYOUT=value)
+    assert rc == 0 and problems(text) == [], text
+
+
+def knob_line(text, name):
+    (line,) = [l for l in text.splitlines() if l.startswith(name + ": ")]
+    return line
+
+
+@pytest.mark.parametrize("vllm, env, name, said", [
+    ("0.33.0", {"ENABLE_XLKV": "true", "XLKV_EQUAL_TP": "true"}, "XLKV_EQUAL_TP",
+     "'true' -> on, but it does nothing on vLLM 0.33: xlkv's heads-outermost BHLNC rows serve any TP pairing (it "
+     "acts on vLLM 0.12-0.28 only)"),
+    ("0.29.0", {"ENABLE_XLKV": "true", "XLKV_EQUAL_TP": "1"}, "XLKV_EQUAL_TP", "'1' -> on, but it does nothing on "
+                                                                                "vLLM 0.29"),
+    ("0.26.0", {"ENABLE_XLKV": "true", "XLKV_EQUAL_TP": "true"}, "XLKV_EQUAL_TP", "'true' -> on"),
+    ("0.33.0", {"XLKV_DETOK_TAIL": "true"}, "XLKV_DETOK_TAIL",
+     "'true' -> on, but it does nothing while ENABLE_XLKV is not on (the shim is not active)"),
+    ("0.16.0", {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, "XLKV_DETOK_TAIL",
+     "'true' -> on, but it does nothing on vLLM 0.16: its detokenizer primes no prompt (it acts on vLLM 0.17-0.33)"),
+    ("0.33.0", {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, "XLKV_DETOK_TAIL", "'true' -> on"),
+])
+def test_a_knob_that_does_nothing_on_this_release_says_so(status, vllm, env, name, said):
+    """XLKV_EQUAL_TP=true on 0.29+ was shown "on" (it acts on 0.12-0.28 only); XLKV_DETOK_TAIL=true without
+    ENABLE_XLKV, or on a release whose detokenizer primes no prompt, does nothing and no line said so."""
+    rc, text = status(vllm, **env)
+    line = knob_line(text, name)
+    assert line == "%s: %s" % (name, said) if said.endswith("'true' -> on") else said in line, line
+    assert rc == 0, text
+
+
+def test_a_bad_knob_value_is_printed_once(status):
+    """XLKV_STRICT=ture with the flag on: the start-up hook armed the refusal in status's own process, and
+    status printed its text in the start-up line and again as a PROBLEM."""
+    from xlkv_autopatch import _startup, flag
+    from xlkv_autopatch.errors import XlkvFlagError
+
+    env = dict(ENABLE_XLKV="true", XLKV_STRICT="ture")
+    os.environ.update(env)
+    try:
+        assert _startup.arm(XlkvFlagError(flag.knob_error("XLKV_STRICT")), "pth")
+    finally:
+        for k in env:
+            os.environ.pop(k)
+    try:
+        rc, text = status("0.33.0", **env)
+    finally:
+        _startup.disarm()
+    assert rc == 1 and text.startswith("status: NOT OK (1 problem: the PROBLEM line below)\n"), text
+    assert text.count("XLKV_STRICT='ture' is not a value xlkv understands") == 1, text
+    assert "this process's start-up hook refused to activate (every import of vLLM raised it; status lifted it to " \
+           "look further): XlkvFlagError, as a PROBLEM line below says" in text, text

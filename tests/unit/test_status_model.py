@@ -98,7 +98,7 @@ def test_the_text_report_names_family_layout_and_counts(status, capsys, tmp_path
     text = capsys.readouterr().out
     assert "sliding-window + full attention hybrid" in text
     assert "with ENABLE_XLKV=true: BHLNC" in text and "stock 18, xlkv 1" in text
-    assert text.rstrip().splitlines()[-1].startswith("status:")
+    assert text.splitlines()[0] == "status: OK" and text.count("status: ") == 1, text
 
 
 def test_a_folder_without_config_is_a_problem(status, tmp_path, capsys):
@@ -229,3 +229,120 @@ def test_status_model_counts_descriptors_per_backend(status, vllm, equal_tp, exp
 def test_status_model_has_no_per_backend_counts_where_the_layout_decides(status):
     rc, info = status("0.33.0", "llama-70b", "--tp", "4")
     assert info["model"]["descriptors_per_block_by_backend"] is None
+
+
+@pytest.fixture
+def text_status(status, capsys, tmp_path):
+    """text_status(vllm, name, *args, **env) -> (exit code, the text report) of status --model."""
+    def run(vllm, name, *args, **env):
+        status(vllm, name, **env)  # the stand-in vLLM, the folder and the environment
+        rc = cli.main(["status", "--no-resolve", "--model", str(tmp_path / name)] + list(args))
+        return rc, capsys.readouterr().out
+
+    return run
+
+
+def _problems(text):
+    return [line for line in text.splitlines() if line.startswith("PROBLEM: ")]
+
+
+@pytest.mark.parametrize("vllm, name, args, lines", [
+    # status --model at the default TP
+    ("0.33.0", "llama-70b", (), [
+        "model {dir} (TP 1, PP 1; facts from config.json): dense attention",
+        "  with ENABLE_XLKV=true: BHLNC -- ",
+        "  NIXL descriptors per block id (one KV cache group, before NIXL merges neighbours): stock 80, xlkv 1"]),
+    # --tp: one KV head per rank
+    ("0.33.0", "llama-70b", ("--tp", "8"), [
+        "model {dir} (TP 8, PP 1; facts from config.json): ",
+        "  NIXL descriptors per block id (one KV cache group, before NIXL merges neighbours): stock 80, xlkv 1"]),
+    # a pair: each side's layout and heads, then the counts per remote rank (stock first, then xlkv)
+    ("0.33.0", "llama-70b", ("--prefill-tp", "1", "--decode-tp", "4"), [
+        "pair: prefill TP 1 -> decode TP 4: served -- the KV heads are outermost in each BHLNC block row",
+        "  prefill (TP 1, 8 KV heads per rank): BHLNC",
+        "  decode (TP 4, 2 KV heads per rank): BHLNC",
+        "  each decode rank reads 1 prefill rank(s); NIXL descriptors per block per remote rank (before NIXL merges "
+        "neighbours): stock 80, xlkv 1"]),
+    ("0.26.0", "gpt-oss", ("--prefill-tp", "2", "--decode-tp", "1"), [
+        "  prefill (TP 2, 4 KV heads per rank): stock",
+        "  each decode rank reads 2 prefill rank(s); NIXL descriptors per block per remote rank (before NIXL merges "
+        "neighbours): stock 18, xlkv 18"]),
+    # MLA: what vLLM registers is one latent KV cache, the same on every rank, not a share of KV heads
+    ("0.33.0", "deepseek-v3", ("--prefill-tp", "1", "--decode-tp", "2"), [
+        "pair: prefill TP 1 -> decode TP 2: served -- the KV cache is replicated on every tensor-parallel rank (MLA)",
+        "  prefill (TP 1, the latent KV cache replicated on every rank): BLNHC",
+        "  decode (TP 2, the latent KV cache replicated on every rank): BLNHC",
+        "  each decode rank reads 1 prefill rank(s); NIXL descriptors per block per remote rank (before NIXL merges "
+        "neighbours): stock 61, xlkv 1"]),
+])
+def test_the_text_of_every_status_mode(text_status, tmp_path, vllm, name, args, lines):
+    """The text an operator reads (the pair tests above read --json only): a verdict first and once, then the
+    model's lines, each count in its place (a text that swapped stock and xlkv would pass every --json test)."""
+    rc, text = text_status(vllm, name, *args)
+    got = text.splitlines()
+    assert got[0] == "status: OK" and text.count("status: ") == 1 and rc == 0, text
+    at = 0
+    for want in lines:  # in this order
+        want = want.format(dir=tmp_path / name)
+        hits = [i for i, line in enumerate(got) if i >= at and line.startswith(want)]
+        assert hits, (want, got[at:])
+        at = hits[0] + 1
+    assert "KV heads per rank" not in text or name != "deepseek-v3", text
+
+
+@pytest.mark.parametrize("value", ["bhlnc", "HND ", "LBHNC "])
+def test_a_layout_value_vllm_refuses_serves_no_pair(text_status, value):
+    """VLLM_KV_CACHE_LAYOUT=bhlnc: status said "served, 1 descriptor per block" and OK while vLLM 0.33.0 stops
+    at start-up with "Invalid value 'bhlnc'"."""
+    rc, text = text_status("0.33.0", "llama-70b", "--prefill-tp", "1", "--decode-tp", "2", ENABLE_XLKV="true",
+                           VLLM_KV_CACHE_LAYOUT=value)
+    (problem,) = _problems(text)
+    assert rc == 1 and "Invalid value %r for VLLM_KV_CACHE_LAYOUT" % value in problem, text
+    assert "  with ENABLE_XLKV=true: nothing runs: vLLM 0.33 stops at start-up: VLLM_KV_CACHE_LAYOUT=%r is not a " \
+           "value it accepts" % value in text, text
+    assert "pair: prefill TP 1 -> decode TP 2: REFUSED -- not served: prefill and decode do not start (the " \
+           "PROBLEM line says why)" in text, text
+    assert "served --" not in text and "xlkv 1" not in text, text
+
+
+def test_strict_with_an_explicit_stock_layout_is_one_problem_and_no_pair(text_status):
+    """XLKV_STRICT=1 and VLLM_KV_CACHE_LAYOUT=HND: status listed the cause twice with two fixes and said the pair
+    was served, while each engine stops at start-up."""
+    rc, text = text_status("0.33.0", "llama-70b", "--prefill-tp", "1", "--decode-tp", "2", ENABLE_XLKV="true",
+                           XLKV_STRICT="1", VLLM_KV_CACHE_LAYOUT="HND")
+    (problem,) = _problems(text)
+    assert rc == 1 and problem.startswith("PROBLEM: XLKV_STRICT=1 and ENABLE_XLKV is set, but the stock per-layer "
+                                          "KV layout would run: VLLM_KV_CACHE_LAYOUT=HND is set explicitly"), text
+    # one fix (a NOTE about this test environment's own install may carry another)
+    assert sum(line.count("Fix: ") for line in text.splitlines() if not line.startswith("NOTE: ")) == 1, text
+    assert "pair: prefill TP 1 -> decode TP 2: REFUSED -- not served: prefill and decode do not start (the " \
+           "PROBLEM line says why)" in text, text
+    # without XLKV_STRICT both sides run the stock layout and stock serves the pair: a NOTE, no PROBLEM
+    rc, text = text_status("0.33.0", "llama-70b", "--prefill-tp", "1", "--decode-tp", "2", ENABLE_XLKV="true",
+                           VLLM_KV_CACHE_LAYOUT="HND")
+    assert rc == 0 and _problems(text) == [] and "pair: prefill TP 1 -> decode TP 2: served" in text, text
+
+
+@pytest.mark.parametrize("vllm, args, layout, counts, words", [
+    # 0.29+: the layout patch keeps the stock layout for a smaller kernel block (a WARNING at start-up)
+    ("0.33.0", ("--kernel-block-size", "8"), "stock", {"stock": 80, "xlkv": 80},
+     "the attention kernel block (8 tokens) is smaller than the KV block (16 tokens)"),
+    ("0.33.0", ("--block-size", "32", "--kernel-block-size", "16"), "stock", {"stock": 80, "xlkv": 80},
+     "the attention kernel block (16 tokens) is smaller than the KV block (32 tokens)"),
+    ("0.33.0", ("--kernel-block-size", "16"), "BHLNC", {"stock": 80, "xlkv": 1}, "one whole-row region"),
+    # 0.12-0.28: the cross-layer tensor is registered per kernel block
+    ("0.26.0", ("--kernel-block-size", "8"), "one cross-layer KV tensor", {"stock": 80, "xlkv": 2}, ""),
+])
+def test_status_model_takes_the_attention_kernel_block_into_account(status, vllm, args, layout, counts, words):
+    """A kernel block of 8 under a 16-token KV block: status predicted BHLNC at 1 descriptor per block while the
+    engine kept the stock layout (the harness: 4 per block, a WARNING)."""
+    rc, info = status(vllm, "llama-70b", "--tp", "4", *args, ENABLE_XLKV="true")
+    m = info["model"]
+    assert (m["layout"], m["descriptors_per_block"]) == (layout, counts), m
+    assert words in m["reason"], m["reason"]
+
+
+def test_status_model_says_it_cannot_know_the_kernel_block(status):
+    rc, info = status("0.33.0", "llama-70b", ENABLE_XLKV="true")
+    assert any(n.startswith("assumes the attention kernel block is the KV block (16 tokens)") and
+               "--kernel-block-size N says what then runs" in n for n in info["model"]["notes"]), info["model"]

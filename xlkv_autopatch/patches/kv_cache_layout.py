@@ -71,9 +71,8 @@ def _kernel_split(vllm_config):
         info_once("kernel-split", "could not compare the attention kernel block with the KV block here (%s: %s); "
                   "NIXL registration checks the block counts instead (block_count.py)", type(e).__name__, e)
         return None
-    if isinstance(block_size, int) and isinstance(kernel, int) and kernel < block_size:
-        return ("the attention kernel block (%d tokens) is smaller than the KV block (%d tokens), and vLLM's NIXL "
-                "registration cannot split a block-outermost layout into kernel blocks" % (kernel, block_size))
+    if isinstance(block_size, int) and isinstance(kernel, int):
+        return layout.kernel_split_reason(kernel, block_size)  # status --kernel-block-size asks the same
     return None
 
 
