@@ -86,6 +86,22 @@ def test_window_keeps_the_requests_that_arrived_inside_it():
     assert handoff.split(_events(), [PROXY], window=(100.5, 101.0)) == []
 
 
+def test_window_reads_the_proxys_arrival_and_ds_scheduler_only_without_the_proxy():
+    """A request is in a repetition's window by when the proxy had it (t_in = 100.000); D's scheduler saw it
+    230 ms later (100.230), which decides only where the proxy's times are missing.  A window between the two
+    tells them apart: a request that arrived before a repetition began belongs to the one before it."""
+    arrival, d_sched = PROXY["t_in"], next(e["t"] for e in _events() if e["ev"] == "sched" and e.get("side") == "D")
+    assert arrival < 100.1 < d_sched < 100.5
+    between, before = (100.1, 100.5), (99.0, 100.1)
+    assert handoff.split(_events(), [PROXY], window=between) == []
+    assert [r["rid"] for r in handoff.split(_events(), [PROXY], window=before)] == [RID]
+    # the engines alone (another router): D's scheduler time
+    assert [r["d_request"] for r in handoff.split(_events(), [], window=between)] == [D_ID]
+    assert handoff.split(_events(), [], window=before) == []
+    # a proxy record of another request does not move this one
+    assert [r["d_request"] for r in handoff.split(_events(), [dict(PROXY, rid="pd-1-1")], window=between)] == [D_ID]
+
+
 def test_load_reads_trace_files_and_skips_a_cut_line(tmp_path):
     (tmp_path / "trace-1.jsonl").write_text("\n".join(json.dumps(e) for e in _events()) + '\n{"t": 1, "ev"')
     (tmp_path / "proxy.jsonl").write_text(json.dumps(PROXY) + "\n")
