@@ -138,10 +138,26 @@ SCRIPT = textwrap.dedent(r'''
     # the planted fault: the shim's tail without its guards (the wrapper calls prompt_tail.tail)
     if mod is not None:
         import xlkv_autopatch.prompt_tail as pt
+        tail = pt.tail
         pt.tail = lambda prompt, decode, n=pt.TAIL_IDS, joins=None: list(prompt[-n:]) if prompt and len(prompt) > n else None
         out["paths_planted"] = run_paths(hf, tok, "p")
+        pt.tail = tail
+
+    # Real vocabularies (test_real_vocabularies_...): the lab's fuzz in this process, then with its planted fault
+    import os
+    vocabs = os.environ.get("XLKV_TEST_VOCABS")
+    if mod is not None and vocabs:
+        sys.path.insert(0, "@PROBES@")
+        import detok_fuzz
+        out["vocab"] = {"fuzz": detok_fuzz.fuzz(vocabs, detok_fuzz.real_vocabularies.NAMES, 100, "0"),
+                        "reproducers": detok_fuzz.reproducers(vocabs)}
+        detok_fuzz.plant()
+        out["vocab"]["planted_fuzz"] = detok_fuzz.fuzz(vocabs, detok_fuzz.real_vocabularies.SENTENCEPIECE, 100, "0")
+        out["vocab"]["planted_reproducers"] = detok_fuzz.reproducers(vocabs)
     print("RESULT " + json.dumps(out))
-''').replace("@TESTS@", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+''').replace("@TESTS@", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).replace(
+    "@PROBES@", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "experiments", "probes"))
 
 
 def _run(python, env):
@@ -151,10 +167,29 @@ def _run(python, env):
     return json.loads(line[len("RESULT "):]), r.stdout + r.stderr   # vLLM 0.21's log handler writes to stdout
 
 
-def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env):
+#: python -> (stock's result, the switch's result, the switch's log): one pair of processes per release
+_RUNS = {}
+
+
+def _runs(python, vocab_dir):
+    if python not in _RUNS:
+        stock, _ = _run(python, {})
+        on, log = _run(python, {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true", "XLKV_TEST_VOCABS": vocab_dir})
+        _RUNS[python] = stock, on, log
+    return _RUNS[python]
+
+
+@pytest.fixture(scope="module")
+def vocab_dir(tmp_path_factory):
+    """The real vocabularies (tests/real_vocabularies.py) as files a vLLM environment reads with ``tokenizers``."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import real_vocabularies  # tests/real_vocabularies.py
+    return real_vocabularies.save_all(str(tmp_path_factory.mktemp("vocabs")))
+
+
+def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env, vocab_dir):
     version, python = vllm_env
-    stock, _ = _run(python, {})
-    on, log = _run(python, {"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"})
+    stock, on, log = _runs(python, vocab_dir)
     assert stock["wrapped"] == "function" and stock["counts"] is None, stock["wrapped"]
     if release_of(vllm_env) < (0, 17):
         # nothing primed, nothing wrapped: the switch does nothing there
@@ -196,18 +231,8 @@ def test_the_switch_gives_vllms_text_through_vllms_detokenizer(vllm_env):
 
 
 # --- Real vocabularies (tests/real_vocabularies.py), through vLLM's detokenizer: a small form of the lab's
-# fuzz (experiments/probes/detok_fuzz.py; its long form's results: experiments/results/*-detok-fuzz-*.json).
-
-PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                     "experiments", "probes", "detok_fuzz.py")
-
-
-@pytest.fixture(scope="module")
-def vocab_dir(tmp_path_factory):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import real_vocabularies  # tests/real_vocabularies.py
-    return real_vocabularies.save_all(str(tmp_path_factory.mktemp("vocabs")))
-
+# fuzz (experiments/probes/detok_fuzz.py; its long form's results: experiments/results/*-detok-fuzz-*.json), run
+# in the switch's process of the test above.
 
 def test_real_vocabularies_give_vllms_text_through_vllms_detokenizer(vllm_env, vocab_dir):
     """SentencePiece byte fallback (Mistral v1, v3) and byte-level BPE (DeepSeek-V4, Qwen3.6, Tekken): 100
@@ -216,10 +241,7 @@ def test_real_vocabularies_give_vllms_text_through_vllms_detokenizer(vllm_env, v
     text; the same fuzz with the tail cut at 64 ids whatever the run (planted) differs on SentencePiece."""
     if release_of(vllm_env) < (0, 17):
         pytest.skip("vLLM < 0.17 primes no prompt: nothing is wrapped (the test above checks it)")
-    r = run_in(vllm_env[1], [PROBE, "--vocabs", vocab_dir, "--cases", "100", "--no-cost", "--then-plant", "--out", "-"],
-               env={"ENABLE_XLKV": "true", "XLKV_DETOK_TAIL": "true"}, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    out = _runs(vllm_env[1], vocab_dir)[1]["vocab"]
     for name, row in out["fuzz"].items():
         assert row["cases"] == 200 and row["differ"] == 0 and row["error"] == 0, (name, row)
         assert row["tail"] >= 60 and row["kept"] >= 20, (name, row)   # both ways taken, not only one
