@@ -110,7 +110,7 @@ def test_the_circle_finder_sees_a_planted_circle():
 #: machinery: wrapt hooks; patches: the vLLM glue; front: entry points and reports.
 FLOORS = (
     ("base", {"_version", "errors", "flag", "logs", "layout", "families", "specs", "versions", "releases", "facts",
-              "_pth", "prompt_tail"}),
+              "_pth", "prompt_tail", "block_sizes"}),
     ("machinery", {"registry"}),
     ("patches", {"patches"}),
     ("front", {"", "__main__", "_startup", "plugin", "status_report", "model_report", "catalogue"}),

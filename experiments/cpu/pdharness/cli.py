@@ -70,6 +70,10 @@ def build_parser():
                          "first layer one block short, or the cross-layer tensor plus a view one block shorter); "
                          "'shift-group' replaces the last KV cache group's first received block by the next block; "
                          "'head-offset' (0.29+) makes vLLM's head slot of every decode rank inside a remote block 0")
+    ap.add_argument("--restage-rows", action="store_true",
+                    help="D only, vLLM 0.29+ with BHLNC rows and D's blocks a multiple of P's: before vLLM's receive "
+                         "post-processing, permute each received row with xlkv_autopatch.block_sizes.staged_order (a "
+                         "stand-in, on the worker instance, for the receive restage docs/mechanism.md designs)")
     ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
                     help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
                          "into D's blocks; releases that have it, TP 1 only)")

@@ -127,7 +127,8 @@ def setup(role, args, tmpdir):
     """Build config, connector, KV cache, registration. Returns a dict of state."""
     import importlib.metadata as md
 
-    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None), "family": model.FAMILY}
+    state = {"role": role, "plant_fault": getattr(args, "plant_fault", None), "family": model.FAMILY,
+             "restage_rows": bool(getattr(args, "restage_rows", False))}
     state.update(PRELUDE if PRELUDE is not None else prelude(args))
     state["vllm"] = md.version("vllm")
     cfg = _vllm_config(role, args, tmpdir, state)
@@ -427,6 +428,53 @@ def plant_head_offset(state):
     state["planted_head_offset"] = True
 
 
+def restage_rows(state):
+    """--restage-rows (D only, vLLM 0.29+, a block-outermost BHLNC layout, decode blocks a multiple of
+    prefill blocks): a stand-in, on the worker instance, for the receive restage docs/mechanism.md
+    designs ("Different block sizes on prefill and decode").  vLLM reads each prefill block's row (its
+    head range) into one of the ``ratio`` equal parts of the decode block's row; before vLLM's own
+    receive post-processing (which zeroes the tokens past what prefill sent, on its per-layer views),
+    each received row is permuted with the shim's pure arithmetic (xlkv_autopatch.block_sizes
+    .staged_order: [R, H, L, n, C] -> [H, L, R, n, C]).  The rows are the views' one storage, one
+    block stride apart (what vLLM registered as one region per row)."""
+    import torch
+    from xlkv_autopatch import block_sizes
+
+    worker = state["conn"].connector_worker
+    original = worker.post_process_device_kv_on_receive
+    state["restage_rows"] = []
+
+    def restaged(block_size_ratio, block_ids_list, *args, **kwargs):
+        if block_size_ratio > 1:
+            v = next(iter(worker.device_kv_caches.values()))
+            stride = v.stride(0) * v.element_size()
+            storage = v.untyped_storage()
+            nrows = storage.nbytes() // stride
+            rows = torch.empty(0, dtype=torch.uint8, device=v.device).set_(storage)[:nrows * stride].view(nrows, stride)
+            heads, tokens, content = v.shape[1], v.shape[2], v.shape[3] * v.element_size()
+            layers = stride // (heads * tokens * content)
+            assert layers * heads * tokens * content == stride, (stride, heads, tokens, content)
+            names, perm = block_sizes.staged_order("HLNC", block_size_ratio)
+            sizes = {"R": block_size_ratio, "H": heads, "L": layers, "N": tokens // block_size_ratio, "C": content}
+            for _group, block_ids, covered in block_ids_list:
+                full, part = divmod(covered, block_size_ratio)
+                ids = list(block_ids)[:full + (1 if part else 0)]
+                idx = torch.tensor(ids, dtype=torch.long)
+                sel = rows.index_select(0, idx).view(len(ids), *[sizes[a] for a in names])
+                rows.index_copy_(0, idx, sel.permute(0, *[p + 1 for p in perm]).reshape(len(ids), stride))
+                state["restage_rows"].append({"ratio": block_size_ratio, "rows": ids, "axes": sizes})
+        return original(block_size_ratio, block_ids_list, *args, **kwargs)
+
+    worker.post_process_device_kv_on_receive = restaged
+    try:  # a shim whose handshake asks for the receive restage's mark (the design's diff applied): set it
+        from xlkv_autopatch.patches import _state
+        if hasattr(_state, "mark_restages"):
+            _state.mark_restages(worker)
+            state["restage_marked"] = True
+    except Exception:
+        pass
+
+
 class _HostStorage:
     """A host tensor's storage as vLLM's packed registration reads a GPU one: its device index is
     0, the device id vLLM's per-layer registration gives host tensors (``max(get_device(), 0)``)."""
@@ -466,6 +514,7 @@ def _allocate_and_register(cfg, kvcc, backend, names, state):
         plant_uneven_regions(state)
     if state["role"] == "d" and state.get("plant_fault") == "head-offset":
         plant_head_offset(state)
+    restage = state["role"] == "d" and state.get("restage_rows")
     runner, kv_caches = _allocate_like_gpu_model_runner(cfg, kvcc, backend, names)
     view = tuple(kv_caches[names[0]].shape)
     if state["tensor_blocks"] not in view and model.NUM_BLOCKS * state["kernel_ratio"] in view:
@@ -491,6 +540,8 @@ def _allocate_and_register(cfg, kvcc, backend, names, state):
     except Exception:
         pass
     state["layer_view_shape"] = list(kv_caches[names[0]].shape)
+    if restage:  # after registration: the worker's own post-processing method exists from __init__ on
+        restage_rows(state)
 
 
 def _allocate_like_gpu_model_runner(cfg, kvcc, backend, names):

@@ -5,7 +5,7 @@ import queue as queue_mod
 import tempfile
 import time
 
-from . import model
+from . import blocksizes, model
 from .cases import CASES, REFUSED_PEER, expected_pairs, group_case, selected
 from .checks import group_breakdown, join_reference, verify
 from .netns import NetnsPair, link_flap
@@ -32,6 +32,10 @@ class PairRun:
         self.refused_peer = bool(args.refused_peer_block_size or args.refused_peer_env)
         self.tp_run = args.p_tp > 1 or args.d_tp > 1
         self.expected_owner = {}  # D block -> P block, of every case received so far
+        # --p-block-size != --d-block-size: cases and checks token by token (blocksizes.py)
+        self.bs = (args.p_block_size or model.BLOCK_SIZE, args.d_block_size or model.BLOCK_SIZE)
+        self.hetero_bs = self.bs[0] != self.bs[1] and not (args.refused_peer_block_size or args.refused_peer_env)
+        self.expected_tokens = {}  # with hetero_bs: D block -> its tokens' (P block, P token), so far
 
     def run(self):
         """Runs everything; returns the result dict (transfer_verified: every case passed)."""
@@ -184,6 +188,11 @@ class PairRun:
         CASES["groups"] = group_case(groups or [{}])
         if len(groups) > 1 and not self.args.case:
             cases = ["groups"]  # several KV cache groups: block ids per group
+        if self.hetero_bs:  # different block sizes: their own requests (blocksizes.cases)
+            bs_cases = blocksizes.cases(self.bs[0], self.bs[1], groups)
+            CASES.update(bs_cases)
+            cases = list(bs_cases)
+            self.result["block_sizes"] = {"p": self.bs[0], "d": self.bs[1]}
         for cname in cases:
             for suffix, remote, local, ntok in CASES[cname]:
                 c = {"num_tokens": ntok}
@@ -221,12 +230,17 @@ class PairRun:
         for x in rs:
             ok_recv &= bool(x["recv_done"] and not x["invalid_block_ids"]
                             if isinstance(x["invalid_block_ids"], list) else x["recv_done"])
-        if ok_recv:
+        if ok_recv and self.hetero_bs:
+            self.expected_tokens.update(blocksizes.token_sources(remote, local, c["num_tokens"], *self.bs))
+        elif ok_recv:
             for lb, rb in expected_pairs(remote, local):
                 self.expected_owner[lb] = rb
         p_counts = self._wait_sent(c, req, ok_recv)
         nblk = sum(map(len, local)) if local and isinstance(local[0], list) else len(local)
         c["block_ids"] = nblk  # block ids transferred, every KV cache group's together
+        if self.hetero_bs:
+            c["remote_block_ids_count"] = sum(map(len, remote)) if remote and isinstance(remote[0], list) \
+                else len(remote)
         self._count_descriptors(c, r, p_counts, nblk)
         bad = self._verify_ranks(c, rs, layers, nblk)
         if local and isinstance(local[0], list):
@@ -275,7 +289,11 @@ class PairRun:
         bad = []
         for i, (x, lay) in enumerate(zip(rs, layers)):
             try:
-                if self.tp_run:
+                if self.hetero_bs:
+                    bad_i = blocksizes.verify_tokens(
+                        self.p_ref, lay, self.expected_tokens, self.d_infos[i]["layer_view_shape"], self.bs[1],
+                        d_rank=i, d_tp=self.args.d_tp, replicated=model.FAMILY == "mla")
+                elif self.tp_run:
                     bad_i = verify(self.p_ref, lay, self.expected_owner,
                                    d_shape=self.d_infos[i]["layer_view_shape"], d_rank=i,
                                    d_tp=self.args.d_tp)

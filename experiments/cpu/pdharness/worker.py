@@ -270,6 +270,9 @@ def _receive(st, args, request, calls, telemetry, logs):
         plant_corruption(st, flat)
     if getattr(args, "plant_fault", None) == "shift-group" and flat:
         plant_group_shift(st, local_ids)
+    if isinstance(st.get("restage_rows"), list):  # --restage-rows: the rows it permuted for this request
+        res["restaged"] = st["restage_rows"][:]
+        del st["restage_rows"][:]
     res["layers"] = layer_bytes(st["kv_caches"], st["names"])
     return res
 
