@@ -223,3 +223,37 @@ def _restage_parts_inside(row, axes, sizes, ratio):
         s = dict(c, R=c["N"] % ratio, N=c["N"] // ratio)
         out[offset(axes, sizes, c)] = row[offset(names, staged_sizes, s)]
     return out
+
+
+# --------------------------------------------------------------------------- the kept CPU-harness runs
+# experiments/results/2026-11-29-block-sizes-cpu-0.33.0.json (real vLLM 0.33.0 + NIXL, the harness's 4-layer
+# model with 2 KV heads): the descriptors per decode block of each full request are what this module says
+
+RESULTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "experiments" / "results"
+
+
+def _row(doc, name):
+    (row,) = [r for r in doc["rows"] if r["name"] == name]
+    return row
+
+
+@pytest.mark.parametrize("name, axes, ratio, local_heads", [
+    ("bhlnc-restage-dense-tp1-16-32", "HLNC", 2, 2),
+    ("bhlnc-restage-dense-tp1-16-64", "HLNC", 4, 2),
+    ("flagdiff-restage-dense-tp1to2-16-32", "HLNC", 2, 1),   # decode TP 2: one of the two heads per rank
+    ("flagdiff-restage-dense-tp1-16-64", "HLNC", 4, 2),
+])
+def test_the_harness_runs_moved_the_staged_descriptor_count_exactly(name, axes, ratio, local_heads):
+    import json
+    doc = json.loads((RESULTS / "2026-11-29-block-sizes-cpu-0.33.0.json").read_text())
+    row = _row(doc, name)
+    assert row["transfer_verified"] is True and row["outcome"] == "bytes exact on every decode rank"
+    want = B.descriptors_per_block(axes, staged=True, layers=4, heads=2, content_bytes=256, local_tokens=16 * ratio,
+                                   remote_tokens=16, local_heads=local_heads, head_offset=0)
+    case = row["cases"]["bs-full"]
+    assert want == ratio and case["xfer_descs_per_block"] == want
+    for rank in case.get("ranks") or []:
+        assert rank["xfer_descs_per_block"] == want and rank["bytes_ok"]
+    # stock (LBHNC, one region per layer) moved R per layer: the same pairing at R x 4
+    stock = _row(doc, name.replace("flagdiff-restage", "stock").replace("bhlnc-restage", "stock"))
+    assert stock["transfer_verified"] is True and stock["cases"]["bs-full"]["xfer_descs_per_block"] == ratio * 4
