@@ -352,35 +352,74 @@ def test_the_readme_float_step_is_the_files():
         os.path.join(ROOT, "docs", "measurements.md")).read().split())
 
 
-def test_the_readme_ttft_table_is_what_its_files_say():
-    """Issue 43 item 10: every millisecond figure and ratio of README's measurements table is a mean TTFT of
-    a cell of the row's linked results files (the .json beside each .md), or the repetition-weighted mean of
-    the same cell across them (a pooled row)."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    table = readme.split("## Measurements", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
-    rows = [line for line in table.splitlines() if line.startswith("| 0.")]
-    assert len(rows) >= 5, table
-    for row in rows:
-        files = [os.path.join(ROOT, m[:-3] + ".json") for m in re.findall(r"\]\((experiments/results/[^)]+\.md)\)", row)]
-        assert files and all(os.path.exists(f) for f in files), row
-        cells = [c for f in files for c in json.load(open(f))["cells"]]
-        means = {round(c["mean_ttft_ms_mean"]) for c in cells}
-        pooled = {}
-        for c in cells:
-            key = (c["config"], c["num_prompts"], c["input_len"])
-            total, n = pooled.get(key, (0.0, 0))
-            pooled[key] = (total + c["mean_ttft_ms_mean"] * c["reps"], n + c["reps"])
-        means |= {round(total / n) for total, n in pooled.values()}
-        text = re.sub(r"\[[^\]]*\]\([^)]*\)", "", row)  # link texts and targets carry dates, not figures
-        figures = [int(x) for x in re.findall(r"(?<!× )\b(\d{3,5})(?= ms|, )", text)]
-        assert figures, row
-        for x in figures:
-            assert x in means, "README's %d ms (row %r) is no cell's mean in %s" % (x, row[:60], files)
-        for ratio in re.findall(r"(\d\.\d\d)×", text):
-            m = re.match(r"\| (0\.\d+)\.\d+, (?:(\d+) × (\d+))", row)
-            want = {c["config"]: c["mean_ttft_ms_mean"] for c in cells
-                    if (c["num_prompts"], c["input_len"]) == (int(m.group(2)), int(m.group(3)))}
-            assert "%.2f" % (want["stock"] / want["shim"]) == ratio, (row[:60], ratio)
+SUMMARY_START, SUMMARY_END = "<!-- ttft-summary -->", "<!-- /ttft-summary -->"
+
+
+def readme_ttft_rows(readme=None):
+    """The data rows of README's measurements table (the first table after its "## Measurements")."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read() if readme is None else readme
+    section = readme.split("## Measurements", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    return [line for line in table if line.startswith("| 0.")]
+
+
+def summary_ttft_rows(text=None):
+    """The data rows of docs/measurements.md's table of every TTFT row (between its ttft-summary markers), with
+    their links written as from the repository root, as README writes them."""
+    if text is None:
+        text = open(os.path.join(ROOT, "docs", "measurements.md"), encoding="utf-8").read()
+    block = text.split(SUMMARY_START, 1)[1].split(SUMMARY_END, 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("| 0.")]
+    return [re.sub(r"\]\(#", "](docs/measurements.md#", r.replace("](../experiments/", "](experiments/")) for r in rows]
+
+
+def ttft_row_problems(row):
+    """Why one TTFT row says what its linked results files do not ([] if every figure is a file's): every
+    millisecond figure and ratio is a mean TTFT of a cell of the row's linked results files (the .json beside
+    each .md), or the repetition-weighted mean of the same cell across them (a pooled row)."""
+    files = [os.path.join(ROOT, m[:-3] + ".json") for m in re.findall(r"\]\((experiments/results/[^)]+\.md)\)", row)]
+    if not files or not all(os.path.exists(f) for f in files):
+        return ["%r: no results file, or a missing one (%s)" % (row[:60], files)]
+    cells = [c for f in files for c in json.load(open(f))["cells"]]
+    means = {round(c["mean_ttft_ms_mean"]) for c in cells}
+    pooled = {}
+    for c in cells:
+        key = (c["config"], c["num_prompts"], c["input_len"])
+        total, n = pooled.get(key, (0.0, 0))
+        pooled[key] = (total + c["mean_ttft_ms_mean"] * c["reps"], n + c["reps"])
+    means |= {round(total / n) for total, n in pooled.values()}
+    text = re.sub(r"\[[^\]]*\]\([^)]*\)", "", row)  # link texts and targets carry dates, not figures
+    figures = [int(x) for x in re.findall(r"(?<!× )\b(\d{3,5})(?= ms|, )", text)]
+    bad = [] if figures else ["%r: no figure" % row[:60]]
+    bad += ["%d ms (row %r) is no cell's mean in %s" % (x, row[:60], files) for x in figures if x not in means]
+    for ratio in re.findall(r"(\d\.\d\d)×", text):
+        m = re.match(r"\| (0\.\d+)\.\d+, (?:(\d+) × (\d+))", row)
+        want = {c["config"]: c["mean_ttft_ms_mean"] for c in cells
+                if (c["num_prompts"], c["input_len"]) == (int(m.group(2)), int(m.group(3)))}
+        if "%.2f" % (want["stock"] / want["shim"]) != ratio:
+            bad.append("%r: %s× is not stock/shim of its cell" % (row[:60], ratio))
+    return bad
+
+
+def test_the_ttft_tables_are_what_their_files_say():
+    """README's measurements table shows a few rows (at most four); docs/measurements.md keeps every row,
+    README's among them, word for word. Every row of both is checked against its files."""
+    readme, every = readme_ttft_rows(), summary_ttft_rows()
+    assert 1 <= len(readme) <= 4, readme
+    assert len(every) >= 14, "docs/measurements.md lost TTFT rows: %d" % len(every)
+    assert [r for r in readme if r not in every] == [], "README rows that docs/measurements.md does not keep"
+    problems = [p for row in every + readme for p in ttft_row_problems(row)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_ttft_row_check_sees_a_changed_figure():
+    """Planted in copies: a millisecond figure and a ratio of one row changed, and a row dropped from the doc."""
+    [row] = [r for r in summary_ttft_rows() if r.startswith("| 0.21.0, 64 × 10240")]
+    assert ttft_row_problems(row) == []
+    assert any("4322 ms" in p for p in ttft_row_problems(row.replace("4321 ms", "4322 ms")))
+    assert any("1.71×" in p for p in ttft_row_problems(row.replace("1.70×", "1.71×")))
+    doc = open(os.path.join(ROOT, "docs", "measurements.md"), encoding="utf-8").read()
+    assert row not in summary_ttft_rows(doc.replace(row.replace("](experiments/", "](../experiments/") + "\n", ""))
 
 
 def test_every_results_file_the_docs_name_exists_and_a_pass_line_names_no_failed_file():
@@ -416,13 +455,16 @@ def test_the_one_group_hybrid_figure_is_the_files():
 
 
 def test_the_readme_is_short_and_its_opening_gain_is_the_tables():
-    """Issue 42 item 4: README ≤ 160 lines, the gain in its first paragraph, and that gain is the range of
-    the bold (64 × 10240) ratios of its measurements table, which the test above ties to the files."""
+    """README ≤ 120 lines, prose lines ≤ 120 characters and table rows ≤ 210, the gain in its first paragraph,
+    and that gain is the range of the bold (64 × 10240) ratios of every TTFT row (docs/measurements.md's
+    table, which holds README's rows too), which the test above ties to the files."""
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    assert len(readme.splitlines()) <= 160, len(readme.splitlines())
+    lines = readme.splitlines()
+    assert len(lines) <= 120, len(lines)
+    long = [(n, len(l)) for n, l in enumerate(lines, 1) if len(l) > (210 if l.startswith("|") else 120)]
+    assert long == [], "README lines too long (line, characters): %s" % long
     opening = " ".join(readme.split("\n\n", 2)[1].split())
-    table = readme.split("## Measurements", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
-    bold = sorted(float(x) for x in re.findall(r"\*\*(\d\.\d\d)×\*\*", table))
+    bold = sorted(float(x) for row in summary_ttft_rows() for x in re.findall(r"\*\*(\d\.\d\d)×\*\*", row))
     assert "mean TTFT %.2f–%.2f× lower than stock at 64 × 10240-token prompts" % (bold[0], bold[-1]) in opening, \
         (bold, opening)
     for heading in ("## Quick start", "## What each model gets", "## Requirements", "## When it refuses",
