@@ -40,6 +40,10 @@ CONFIGS = {
                 {"ENABLE_XLKV": "true"}, None, {}, [], [], ("shim",)),
     "shim-keep-order": ROW("the shim without its descriptor ordering (XLKV_COALESCE=false): the ablation row",
                            {"ENABLE_XLKV": "true", "XLKV_COALESCE": "false"}, None, {}, [], [], ("shim",)),
+    # the knob is a config of its own: server_env drops every shim variable an operator's shell exported
+    "shim-equal-tp": ROW("the shim with XLKV_EQUAL_TP=true on P and D: vLLM 0.12-0.28 keep cross-layer blocks that "
+                         "cannot be sliced by KV heads (the packed sliding-window rows of 0.24-0.28); every peer at one "
+                         "TP size", {"ENABLE_XLKV": "true", "XLKV_EQUAL_TP": "true"}, None, {}, [], [], ("shim",)),
     # vLLM passes kv_connector_extra_config.num_threads to nixl_agent_config (its default is 4)
     "shim-ucx": ROW("the shim with more NIXL UCX threads (UCX_NUM_THREADS, default 8): the UCX lever's row",
                     {"ENABLE_XLKV": "true"}, "ucx", {}, [], [], ("shim",)),

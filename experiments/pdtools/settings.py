@@ -14,6 +14,7 @@ gets its environment as an explicit dict built from the settings (``server_env``
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import time
@@ -91,20 +92,39 @@ def log(message):
     print("[%s] %s" % (time.strftime("%H:%M:%S"), message), file=sys.stderr, flush=True)
 
 
+def shim_variables():
+    """The environment variables that change what the shim does: its flag and knobs (and the knobs of
+    earlier versions, which it reports), and the vLLM release override, read from this checkout's
+    xlkv_autopatch/flag.py and versions.py (standard library only, loaded by location)."""
+    names = set()
+    for name in ("flag", "versions"):
+        path = os.path.join(REPO_DIR, "xlkv_autopatch", name + ".py")
+        spec = importlib.util.spec_from_file_location("_xlkv_lab_" + name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if name == "flag":
+            names |= {k.name for k in mod.KNOBS} | set(mod.REMOVED)
+        else:
+            names.add(mod.OVERRIDE)
+    return frozenset(names)
+
+
 def server_env(settings):
     """The servers' environment (and that of every other child of a job: the proxy, the bench
     client, the shim's status): the door's, with the checkout first on PYTHONPATH (its
     sitecustomize.py activates the shim where ENABLE_XLKV is on; with the flag off it does
-    nothing; SHIM_PATH names another checkout), then the staged vLLM.  ENABLE_XLKV is set per
-    server, never for all."""
-    env = dict(settings.environ)
+    nothing; SHIM_PATH names another checkout), then the staged vLLM.  ENABLE_XLKV and every
+    other variable the shim reads (``shim_variables``: XLKV_DETOK_TAIL, XLKV_STRICT, ...) are
+    dropped from the door's environment: a config sets them per server (configs.CONFIGS), so an
+    operator's shell that exports one neither runs ``stock`` or ``native`` with the shim nor
+    changes what a shim config measures."""
+    env = {k: v for k, v in settings.environ.items() if k not in shim_variables()}
     head = "%s:%s" % (settings.get("SHIM_PATH") or REPO_DIR, settings.get("SITE"))
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = head + (":" + old if old else "")
     env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"          # flashinfer is not in the bundle
     env.setdefault("VLLM_LOG_STATS_INTERVAL", "3")    # KV Transfer metrics lines
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("ENABLE_XLKV", None)
     return env
 
 
