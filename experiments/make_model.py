@@ -15,6 +15,10 @@ model shapes, with the family of their row; ``--layers``/``--kv-heads``/``--head
                4 KV heads, head_dim 256: prompts of 1000 and 4097 tokens exceed the window;
                output head untied (a tied random head repeats the last prompt token)
   mqa          (one-kv-head) Qwen3-0.6B with one KV head
+  gpt_oss      (sliding-window) gpt-oss-shaped (GptOssForCausalLM, gpt-oss-20b's config at smaller
+               widths): attention sinks, sliding (window 128) and full layers alternating (layer_types,
+               even layers sliding), 8 KV heads, head_dim 64, 8 layers, hidden 1024, a MoE MLP in every
+               layer (32 experts, 4 per token, unquantized bf16); yarn rope, q/k/v/o biases, untied head
 
 
 No hub access is needed: the config is spelled out here and the tokenizer is built locally.
@@ -45,7 +49,7 @@ splits on whitespace and adds no special tokens, so a prompt of n words is n tok
 Per family, model_check.py at small size (CPU) shows the outputs depend on the prompt:
 results/cpu-model-init-families.json.
 
-usage: make_model.py OUTDIR [--arch qwen3|deepseek_v2|gemma3|mqa] [--layers N] [--kv-heads N]
+usage: make_model.py OUTDIR [--arch qwen3|deepseek_v2|gemma3|gpt_oss|mqa] [--layers N] [--kv-heads N]
                      [--head-dim N] [--seed 0] [--init varied|hf] [--proj-std 0.03]
                      [--out-std 0.01] [--force] [--config-only] [--tokenizer-only]
 """
@@ -119,10 +123,13 @@ def write_tokenizer(out, vocab_size, max_len):
 
 
 # every family's projection names (transformers' modules): dense q/k/v, MLA's q (or q_a/q_b with a
-# q_lora_rank), kv_a_proj_with_mqa and kv_b_proj, and the MLP's gate/up; outputs o/down
+# q_lora_rank), kv_a_proj_with_mqa and kv_b_proj, and the MLP's gate/up; outputs o/down.  gpt-oss's MoE: the
+# router and the experts' stacked gate_up_proj (3-D, one matrix per expert) in, the experts' down_proj out
+# (names no other family has, so the other families' draws, and bytes, are unchanged)
 IN_PROJ = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
-           "q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")
-OUT_PROJ = ("o_proj.weight", "down_proj.weight")
+           "q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight",
+           "mlp.router.weight", "mlp.experts.gate_up_proj")
+OUT_PROJ = ("o_proj.weight", "down_proj.weight", "mlp.experts.down_proj")
 
 
 def reinit_varied(model, seed, proj_std, out_std):
@@ -151,10 +158,27 @@ def build_config(args):
 
 
 def not_redrawn(model):
-    """Names of the layers' weight matrices that the varied init would leave at transformers' init
-    (empty for every family: a family whose projection names IN_PROJ/OUT_PROJ miss shows here)."""
+    """Names of the layers' weight matrices (2-D, and 3-D stacks of them: MoE experts; not the experts' 2-D
+    stacks of biases) that the varied init would leave at transformers' init (empty for every family: a
+    family whose projection names IN_PROJ/OUT_PROJ miss shows here)."""
     return [n for n, p in model.named_parameters()
-            if ".layers." in n and p.dim() == 2 and not n.endswith(IN_PROJ + OUT_PROJ)]
+            if ".layers." in n and p.dim() >= 2 and not n.endswith("bias") and not n.endswith(IN_PROJ + OUT_PROJ)]
+
+
+def expert_layout_problems(model):
+    """MoE expert stacks whose layout is not the one vLLM's gpt_oss.py loads from an unquantized checkpoint
+    (``gate_up_proj`` [experts, hidden, 2 x intermediate], gate and up interleaved, sliced on its last axis;
+    ``down_proj`` [experts, intermediate, hidden]): a transformers release that stored them transposed would
+    give vLLM weights of the right size and the wrong meaning.  Empty for models without such stacks."""
+    cfg, bad = model.config, []
+    want = {"mlp.experts.gate_up_proj": (getattr(cfg, "num_local_experts", 0), cfg.hidden_size,
+                                         2 * cfg.intermediate_size),
+            "mlp.experts.down_proj": (getattr(cfg, "num_local_experts", 0), cfg.intermediate_size, cfg.hidden_size)}
+    for n, p in model.named_parameters():
+        for suffix, shape in want.items():
+            if n.endswith(suffix) and tuple(p.shape) != shape:
+                bad.append("%s %s, vLLM reads %s" % (n, tuple(p.shape), shape))
+    return bad
 
 
 def build_model(args):
@@ -175,6 +199,9 @@ def build_model(args):
 
 def write_model(out, args):
     model = build_model(args)
+    bad = expert_layout_problems(model)
+    if bad:
+        raise SystemExit("expert weights in a layout vLLM does not read: " + "; ".join(bad[:2]))
     model.save_pretrained(out)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": 1, "pad_token_id": 1, "do_sample": False}, f)

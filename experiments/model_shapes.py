@@ -14,7 +14,8 @@ from (``--family NAME``): the architecture it writes into a config folder, each 
 attention kind in model order ("full", "sliding", "mla"), KV heads, head size, sliding window and
 max_model_len.  Its ``gpu`` entry is what ``experiments/make_model.py --arch ARCH`` writes: the
 transformers config and model class, the config fields, and which fields ``--layers``,
-``--kv-heads`` and ``--head-dim`` set (None where the family has none).  Adding a family is the
+``--kv-heads`` and ``--head-dim`` set (None where the family has none); ``also_gpu`` holds more GPU
+models of the same family (the sliding-window row: Gemma 3 first, then gpt-oss).  Adding a family is the
 package's name and classification plus one row here (a shape to a family: one row); both tools read it.
 """
 
@@ -86,15 +87,35 @@ SHAPES = {
             rope_local_base_freq=10000.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
             final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=False,
             attention_bias=False),
-            layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=6)),
+            layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=6),
+        # a second GPU model of the family (MODEL_ARCH=gpt_oss; the row's "gpu" entry stays the family's first):
+        # gpt-oss-shaped (GptOssForCausalLM, the config of openai/gpt-oss-20b at smaller widths): attention
+        # sinks, sliding-window (128) and full layers alternating (layer_types: even layers sliding, as
+        # vLLM's gpt_oss.py builds them), 8 KV heads x head_dim 64, yarn rope as gpt-oss has it, q/k/v/o
+        # biases, 8 layers, a MoE MLP in every layer (32 experts, 4 per token, swiglu limit 7, unquantized
+        # bf16: vLLM's loader for weights without quantization_config); output head untied as gpt-oss's.
+        # One KV block of 16 tokens: 16 x 2 x 8 x 64 x 2 B = 32 KiB per layer
+        also_gpu=(
+            dict(arch="gpt_oss", config="GptOssConfig", model="GptOssForCausalLM", fields=dict(
+                hidden_size=1024, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16,
+                num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                     original_max_position_embeddings=4096, rope_theta=150000.0),
+                hidden_act="silu", swiglu_limit=7.0, tie_word_embeddings=False, attention_bias=True),
+                layers="num_hidden_layers", kv_heads="num_key_value_heads", head_dim="head_dim", layer_types=2),
+        )),
 }
 
 #: the harness's shapes by family name (pd_harness.py --family)
 HARNESS = {name: row["harness"] for name, row in SHAPES.items()}
+#: the GPU models of each family, its row's "gpu" entry first, then its ``also_gpu`` entries (more models of
+#: the same family: another architecture, the same attention kind)
+GPU_OF_FAMILY = {name: (row["gpu"],) + tuple(row.get("also_gpu", ())) for name, row in SHAPES.items()}
 #: the GPU models' shapes by architecture name (make_model.py --arch, MODEL_ARCH in the lab)
-GPU = {row["gpu"]["arch"]: row["gpu"] for row in SHAPES.values()}
+GPU = {gpu["arch"]: gpu for gpus in GPU_OF_FAMILY.values() for gpu in gpus}
 #: family (the row's key) of each GPU architecture name
-FAMILY_OF_ARCH = {row["gpu"]["arch"]: name for name, row in SHAPES.items()}
+FAMILY_OF_ARCH = {gpu["arch"]: name for name, gpus in GPU_OF_FAMILY.items() for gpu in gpus}
 
 #: what make_model.py writes beside config.json: the shape it generated, in the package's axes
 #: (``attention``; ``kv_heads``: the KV heads its config has, as the package counts a config's) and the row

@@ -65,9 +65,13 @@ ARCH_EXPECT = {  # what vLLM is handed for each family (config.json)
                         q_lora_rank=None, first_k_dense_replace=8),
     "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=12,
                    sliding_window=256, num_key_value_heads=4, head_dim=256, tie_word_embeddings=False),
+    "gpt_oss": dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_hidden_layers=8,
+                    sliding_window=128, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                    num_experts_per_tok=4, attention_bias=True, tie_word_embeddings=False),
 }
 #: the package's family of each architecture's model at TP 1 (xlkv_autopatch.families)
-FAMILY = {"qwen3": "dense", "mqa": "one-kv-head", "deepseek_v2": "mla", "gemma3": "sliding-window"}
+FAMILY = {"qwen3": "dense", "mqa": "one-kv-head", "deepseek_v2": "mla", "gemma3": "sliding-window",
+          "gpt_oss": "sliding-window"}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCH_EXPECT))
@@ -95,6 +99,18 @@ def test_each_arch_writes_the_config_vllm_needs(tmp_path, arch):
     if arch == "gemma3":   # 5 sliding : 1 full, and the window is shorter than the 1000/4097-token prompts
         assert cfg["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
         assert cfg["sliding_window"] < 1000
+    if arch == "gpt_oss":  # alternating, even layers sliding: what vLLM's gpt_oss.py builds (layer_idx % 2 == 0)
+        assert cfg["layer_types"] == ["sliding_attention", "full_attention"] * 4
+        assert cfg["sliding_window"] < 1000
+        rope = cfg["rope_parameters"]   # vLLM's gpt_oss.py reads these keys (yarn)
+        assert rope["rope_type"] == "yarn" and {"rope_theta", "factor", "original_max_position_embeddings",
+                                                "beta_fast", "beta_slow"} <= set(rope)
+        assert "quantization_config" not in cfg   # vLLM's loader for unquantized (bf16) expert weights
+        small = tmp_path / "small"
+        subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(small), "--arch", arch,
+                        "--layers", "4", "--config-only"], check=True, capture_output=True)
+        assert json.loads((small / "config.json").read_text())["layer_types"] == \
+            ["sliding_attention", "full_attention"] * 2
     if arch == "deepseek_v2":  # every MLP dense: first_k_dense_replace follows --layers
         small = tmp_path / "small"
         subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(small), "--arch", arch,
@@ -121,8 +137,40 @@ def test_the_varied_init_redraws_every_layer_matrix_of_each_arch(arch):
         model = AutoModelForCausalLM.from_config(make_model.build_config(args))
     assert type(model).__name__ == make_model.ARCHS[arch]["model"]
     assert make_model.not_redrawn(model) == []
-    matrices = [n for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2]
+    matrices = [n for n, p in model.named_parameters() if ".layers." in n and p.dim() >= 2 and not n.endswith("bias")]
     assert len(matrices) >= 2 * 6, matrices  # the check looked at real projections
+    if arch == "gpt_oss":   # the MoE: router and the experts' 3-D stacks are redrawn too, in vLLM's layout
+        assert make_model.expert_layout_problems(model) == []
+        assert {n.split(".layers.0.")[1] for n in matrices if ".layers.0." in n} >= {
+            "mlp.router.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
+
+
+def test_the_gpt_oss_model_on_cpu_is_written_redrawn_and_loads(tmp_path):
+    """A whole gpt_oss model of 2 layers on CPU: the MoE experts and the router are redrawn (not transformers'
+    init), the sinks are there, and the saved experts have the layout vLLM's loader reads ([E, hidden, 2 x
+    intermediate] and [E, intermediate, hidden])."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from safetensors import safe_open
+
+    r = subprocess.run([sys.executable, os.path.join(EXP, "make_model.py"), str(tmp_path), "--arch", "gpt_oss",
+                        "--layers", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / ".complete").exists() and json.loads((tmp_path / "xlkv-shape.json").read_text())["arch"] == \
+        "gpt_oss"
+    tensors = {}
+    for f in tmp_path.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            tensors.update({k: st.get_tensor(k) for k in st.keys()})
+    pre = "model.layers.1."
+    gate_up, down = tensors[pre + "mlp.experts.gate_up_proj"], tensors[pre + "mlp.experts.down_proj"]
+    assert tuple(gate_up.shape) == (32, 1024, 2048) and tuple(down.shape) == (32, 1024, 1024)
+    assert gate_up.dtype == torch.bfloat16
+    # redrawn with --proj-std 0.03 / --out-std 0.01, not transformers' 0.02
+    assert abs(gate_up.float().std().item() - 0.03) < 0.002 and abs(down.float().std().item() - 0.01) < 0.001
+    assert abs(tensors[pre + "mlp.router.weight"].float().std().item() - 0.03) < 0.002
+    assert tuple(tensors[pre + "self_attn.sinks"].shape) == (16,)
 
 
 def test_qwen3_is_the_default_and_an_old_marker_counts_as_qwen3(tmp_path):
@@ -150,14 +198,19 @@ def test_one_table_of_model_shapes_serves_the_gpu_models_and_the_cpu_harness():
 
     assert make_model.ARCHS is model_shapes.GPU and harness_model.FAMILIES is model_shapes.HARNESS
     assert set(model_shapes.SHAPES) == {"dense", "one-kv-head", "mla", "sliding-window"}
+    # every GPU model has one family: a row's "gpu" entry, then its "also_gpu" ones (gpt-oss beside Gemma 3)
+    assert sorted(model_shapes.GPU) == sorted(g["arch"] for gs in model_shapes.GPU_OF_FAMILY.values() for g in gs)
+    assert [g["arch"] for g in model_shapes.GPU_OF_FAMILY["sliding-window"]] == ["gemma3", "gpt_oss"]
     for name, row in model_shapes.SHAPES.items():
-        assert model_shapes.FAMILY_OF_ARCH[row["gpu"]["arch"]] == name
-        # the same kind of attention on both sides: MLA rows carry a latent cache, hybrids a window
-        gpu, cpu = row["gpu"]["fields"], row["harness"]
-        assert ("kv_lora_rank" in gpu) == ("mla" in cpu["layers"]) == (cpu["arch"] == "deepseek_v2")
-        assert ("sliding_window" in gpu) == ("sliding" in cpu["layers"])
-        one_head = cpu["kv_heads"] == 1 and name != "mla"
-        assert (gpu.get("num_key_value_heads") == 1) == (name == "one-kv-head") == one_head
+        assert model_shapes.GPU_OF_FAMILY[name][0] is row["gpu"]   # the family's first GPU model stays its own
+        for entry in model_shapes.GPU_OF_FAMILY[name]:
+            assert model_shapes.FAMILY_OF_ARCH[entry["arch"]] == name
+            # the same kind of attention on both sides: MLA rows carry a latent cache, hybrids a window
+            gpu, cpu = entry["fields"], row["harness"]
+            assert ("kv_lora_rank" in gpu) == ("mla" in cpu["layers"]) == (cpu["arch"] == "deepseek_v2")
+            assert ("sliding_window" in gpu) == ("sliding" in cpu["layers"])
+            one_head = cpu["kv_heads"] == 1 and name != "mla"
+            assert (gpu.get("num_key_value_heads") == 1) == (name == "one-kv-head") == one_head
 
 
 def test_the_table_is_keyed_by_the_packages_names_and_the_package_classifies_each_row_as_its_key(tmp_path):
@@ -176,11 +229,11 @@ def test_the_table_is_keyed_by_the_packages_names_and_the_package_classifies_eac
     try:
         for name, row in model_shapes.SHAPES.items():
             assert row["attention"] in families.ATTENTION_KINDS, name
-            gpu = families.classify(make_model.arch_fields(row["gpu"]["arch"]))
+            gpus = [families.classify(make_model.arch_fields(g["arch"])) for g in model_shapes.GPU_OF_FAMILY[name]]
             harness_model.set_family(name)
             harness_model.write_model_dir(str(tmp_path / name))
             cpu = families.classify(json.loads((tmp_path / name / "config.json").read_text()))
-            for shape in (gpu, cpu):
+            for shape in gpus + [cpu]:
                 assert (shape.family, shape.attention) == (name, row["attention"]), (name, shape)
     finally:
         harness_model.set_family("dense")
