@@ -5,6 +5,7 @@ these functions what to do, so the rules are unit-tested on their own.
 """
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -97,6 +98,13 @@ def invalid_layout_value(env_layout: Optional[str], *, kv_cache_layouts: bool, r
             "blanks included, with %s): vLLM stops at start-up with \"Invalid value %r for VLLM_KV_CACHE_LAYOUT\", "
             "with or without ENABLE_XLKV. Fix: %s" % (env_layout, " " + release if release else "",
                                                        ", ".join(allowed), env_layout, fix))
+
+
+def kernel_split_of(reason: str) -> Optional[Tuple[int, int]]:
+    """(kernel block, KV block) of a reason :func:`kernel_split_reason` wrote, or None for any other reason."""
+    m = re.match(r"the attention kernel block \((\d+) tokens\) is smaller than the KV block \((\d+) tokens\)",
+                 reason or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def kernel_split_reason(kernel_block_size: int, block_size: int) -> Optional[str]:

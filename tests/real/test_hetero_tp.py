@@ -323,3 +323,84 @@ def test_a_refusal_at_vllms_import_in_a_forked_side_reaches_the_parent(vllm_env,
     assert "vLLM 0.99.0 is not supported" in r["_text"], r["_text"][-3000:]
     if r["tp"]["forked_from_one_process"]:  # XLKV_HARNESS_FORK_RANKS=0: each rank fails on its own
         assert "before the fork" in r["_text"], r["_text"][-3000:]
+
+
+# Refusals at heterogeneous TP (0.29+; prefill TP 1 -> decode TP 2, the model's 2 KV heads): each names the real
+# cause once and a fix that works.  One noncontig case each (the first request is refused at its handshake);
+# the layout paths are 0.29+ only, so they run on the newest CI release.
+
+def _hetero_refusal(vllm_env, tmp_path, name, *args, env=None):
+    """The refused run and decode's refusal of the noncontig case (one message)."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("KV cache layouts exist from vLLM 0.29")
+    r = harness(vllm_env[1], tmp_path, name, "--d-tp", "2", "--case", "noncontig", *args, env=env, step_timeout=60)
+    assert r["transfer_verified"] is False
+    assert "xlkv_autopatch: NIXL handshake refused" in (r["cases"]["noncontig"].get("failure_reason") or ""), \
+        r["errors"]
+    # the case's failure_reason is cut at 1500 characters; the run's errors hold the whole message
+    messages = {e.split("XlkvMismatchError: ", 1)[1].split("\n", 1)[0] for e in r["errors"]
+                if "XlkvMismatchError: " in e}
+    assert len(messages) == 1, messages  # the same refusal for every attempt
+    return r, messages.pop()
+
+
+def test_explicit_token_major_rows_on_prefill_only_name_the_variable(vllm_env, tmp_path):
+    """VLLM_KV_CACHE_LAYOUT=BLNHC on prefill only, the flag on both: the refusal said "set ENABLE_XLKV=true on
+    BOTH" although it was set on both; the cause is the variable (xlkv requests BHLNC for this model), the fix
+    unsetting it there (the default run of this file, test_xlkv_tp1_to_tp2_follows_the_release_rule)."""
+    r, message = _hetero_refusal(vllm_env, tmp_path, "p_blnhc", "--p-env", "VLLM_KV_CACHE_LAYOUT=BLNHC", env=XLKV)
+    assert "the remote engine runs xlkv's token-major BLNHC block rows (ENABLE_XLKV=true; for a model whose KV " \
+           "heads are split over ranks that means an explicit VLLM_KV_CACHE_LAYOUT=BLNHC" in message, message
+    assert message.endswith("Fix: unset VLLM_KV_CACHE_LAYOUT on the remote engine, so that both run xlkv's BHLNC "
+                            "rows (they serve any TP pairing)"), message
+    assert "set ENABLE_XLKV=true on BOTH" not in message, message
+
+
+def test_explicit_token_major_rows_on_both_name_the_variable_as_the_fix(vllm_env, tmp_path):
+    """VLLM_KV_CACHE_LAYOUT=BLNHC on both, the flag on both: the refusal said "unset ENABLE_XLKV on both", and
+    stock vLLM refuses BLNHC rows at heterogeneous TP too ("requires contiguous heads"); unsetting the variable
+    is the fix that works (xlkv's BHLNC rows)."""
+    r, message = _hetero_refusal(vllm_env, tmp_path, "both_blnhc", "--env", "VLLM_KV_CACHE_LAYOUT=BLNHC", env=XLKV)
+    assert message.startswith("xlkv_autopatch: NIXL handshake refused: prefill TP 1, decode TP 2: token-major "
+                              "block-outermost rows (BLNHC"), message
+    assert "Fix: unset VLLM_KV_CACHE_LAYOUT on both engines (VLLM_KV_CACHE_LAYOUT=BLNHC is set explicitly and wins" \
+           in message and "unset ENABLE_XLKV" not in message, message
+
+
+def test_flag_on_decode_only_at_hetero_tp_gives_a_fix_that_works(vllm_env, tmp_path):
+    """ENABLE_XLKV on decode only: the fix said "an explicit VLLM_KV_CACHE_LAYOUT=BLNHC there may stay", which
+    gives the remote token-major rows that this engine's BHLNC rows refuse (and vLLM refuses at heterogeneous
+    TP with or without xlkv)."""
+    r, message = _hetero_refusal(vllm_env, tmp_path, "d_flag", "--d-env", "ENABLE_XLKV=true")
+    assert "may stay" not in message, message
+    assert "Fix: set ENABLE_XLKV=true on the remote engine as well, and remove there the cause its log names " \
+           "(VLLM_KV_CACHE_LAYOUT: unset it, or set BHLNC" in message, message
+    assert message.endswith("or unset ENABLE_XLKV on both (vLLM then serves this TP pairing only with the same "
+                            "attention kernel block on both and without VLLM_KV_CACHE_LAYOUT=BLNHC on either "
+                            "side)"), message
+
+
+def test_explicit_stock_layout_on_decode_only_is_named_once(vllm_env, tmp_path):
+    """VLLM_KV_CACHE_LAYOUT=NHD on decode only, the flag on both: the cause was printed twice, and the fix
+    offered "unset ENABLE_XLKV on the remote", which leaves two different stock layouts."""
+    r, message = _hetero_refusal(vllm_env, tmp_path, "d_nhd", "--d-env", "VLLM_KV_CACHE_LAYOUT=NHD", env=XLKV)
+    assert message.count("VLLM_KV_CACHE_LAYOUT=NHD is set explicitly and wins") == 1, message
+    assert message.endswith("Fix: unset VLLM_KV_CACHE_LAYOUT on this engine, so that both engines run xlkv's "
+                            "layout"), message
+
+
+def test_a_smaller_kernel_block_on_decode_only_names_the_block_size_that_works(vllm_env, tmp_path, xlkv_1to2):
+    """--block-size 32 on both, an attention kernel block of 16 on decode only, the flag on both: the fix "unset
+    ENABLE_XLKV on the remote" ends in stock vLLM's bare AssertionError (its block sizes at heterogeneous TP);
+    --block-size 16 on both, the fix named, is this file's default run (xlkv_1to2: 16-token blocks, xlkv's rows
+    on every rank, exact bytes)."""
+    r, message = _hetero_refusal(vllm_env, tmp_path, "d_kernel16", "--p-block-size", "32", "--d-block-size", "32",
+                                 "--d-kernel-block-size", "16", env=XLKV)
+    assert message.count("the attention kernel block (16 tokens) is smaller than the KV block (32 tokens)") == 1, \
+        message
+    assert message.endswith("Fix: set --block-size 16 (the attention kernel block) on both engines, so that both "
+                            "run xlkv's layout (the stock layout on both does not serve 16-token kernel blocks facing "
+                            "32-token blocks either)"), message
+    fixed = xlkv_1to2  # the fix: 16-token blocks (the harness's default) on both
+    assert fixed["block_len"] and fixed["errors"] == [] and fixed["transfer_verified"] is True, fixed["errors"]
+    assert all(x["cross_layer"] is True for x in fixed["d_ranks"] + fixed["p_ranks"]), fixed["d_ranks"]

@@ -13,7 +13,9 @@ How
     re-raised as XlkvMismatchError naming what each side runs (from the hashes
     compat_hash.py remembered in _state.py), the cause this engine recorded when it kept
     the stock layout (an explicit VLLM_KV_CACHE_LAYOUT, a fallback), the causes possible
-    on the remote side, and the fix.  ``add_remote_agent`` (where a peer's
+    on the remote side, and the fix: only one that works for that cause (an explicit
+    VLLM_KV_CACHE_LAYOUT is named, not the flag, where both sides have the flag; a smaller attention
+    kernel block asks for --block-size equal to it, since stock vLLM does not serve that either).  ``add_remote_agent`` (where a peer's
     metadata is first used; vLLM's own block-size and TP arithmetic runs inside it) is
     wrapped to check block size and TP slicing before any of that runs (only where this
     worker registered xlkv's cross-layer layout; a block-size refusal tells a different
@@ -55,6 +57,26 @@ LOCAL_PER_LAYER = "the stock per-layer KV layout (ENABLE_XLKV is set here, but x
 LOCAL_FIX = ("Fix: remove the cause named above on this engine, so that both engines run xlkv's layout, or unset "
              "ENABLE_XLKV on the remote engine, so that both run the stock layout")
 
+
+def _local_fix():
+    """The fix where this engine kept the stock layout and the remote runs xlkv's: by this engine's cause, only
+    fixes that work.  A smaller attention kernel block (0.29+): the stock layout on both sides does not serve
+    it either (vLLM asserts on the kernel block sizes), so the KV block must be the kernel block on both; an
+    explicit VLLM_KV_CACHE_LAYOUT: the stock layout on the remote differs from it (unless it names vLLM's default
+    LBHNC), so the variable must go."""
+    reasons = _state.stock_reasons()
+    split = next((layout.kernel_split_of(r) for r in reasons if layout.kernel_split_of(r)), None)
+    if split:
+        return ("Fix: set --block-size %d (the attention kernel block) on both engines, so that both run xlkv's "
+                "layout (the stock layout on both does not serve %d-token kernel blocks facing %d-token blocks "
+                "either)" % (split[0], split[0], split[1]))
+    env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
+    if facts.current().kv_cache_layouts and env and env not in layout.WHOLE_ROW_LAYOUTS:
+        return ("Fix: unset VLLM_KV_CACHE_LAYOUT on this engine, so that both engines run xlkv's layout%s"
+                % (", or unset ENABLE_XLKV on the remote engine, so that both run the stock layout"
+                   if layout.layout_name(env) == "LBHNC" else ""))
+    return LOCAL_FIX
+
 OTHER_CONFIGURATION = (
     "xlkv's cross-layer KV layout for another configuration: vLLM's compatibility hash also covers the model, dtype, "
     "KV cache dtype, attention backend, vLLM release and, on recent releases, whether the hybrid KV cache manager is "
@@ -62,9 +84,26 @@ OTHER_CONFIGURATION = (
 OTHER_FIX = ("Fix: run the same model, dtype, attention backend, vLLM release and KV connector list (a MultiConnector "
              "with the same connectors, or a plain NixlConnector) on both sides")
 
-#: 0.29+: vLLM hashes no KV layout, so a peer without xlkv publishes the same hash whatever its layout
+#: 0.29+: vLLM hashes no KV layout, so a peer without xlkv publishes the same hash whatever its layout.  This
+#: engine runs xlkv's token-major BLNHC rows (MLA, or an explicit VLLM_KV_CACHE_LAYOUT=BLNHC here): the remote's
+#: explicit BLNHC gives it the same rows once the flag is on there
 REMOTE_UNTAGGED_FIX = ("Fix: set ENABLE_XLKV=true on the remote engine as well (an explicit VLLM_KV_CACHE_LAYOUT=%s "
                        "there may stay), or unset it on both" % layout.BLOCK_OUTERMOST_LAYOUT)
+
+
+def _remote_untagged_fix(ours, hetero_tp):
+    """The fix where the remote publishes no xlkv tag (0.29+).  This engine's BHLNC rows: the flag there gives
+    the remote the same rows only without an explicit VLLM_KV_CACHE_LAYOUT (any other value wins over xlkv);
+    both sides without the flag run the stock layout, which vLLM serves at different TP sizes only where
+    neither sets VLLM_KV_CACHE_LAYOUT=BLNHC (it refuses to slice those rows by heads)."""
+    if ours != _state.XLKV_HEADS:
+        return REMOTE_UNTAGGED_FIX
+    return ("Fix: set ENABLE_XLKV=true on the remote engine as well, and remove there the cause its log names "
+            "(VLLM_KV_CACHE_LAYOUT: unset it, or set %s, since any other value wins over xlkv; a smaller attention "
+            "kernel block: --block-size equal to it on both engines), or unset ENABLE_XLKV on both%s"
+            % (layout.HEADS_OUTERMOST_LAYOUT, " (vLLM then serves this TP pairing only with the same attention "
+               "kernel block on both and without VLLM_KV_CACHE_LAYOUT=%s on either side)"
+               % layout.BLOCK_OUTERMOST_LAYOUT if hetero_tp else ""))
 
 FIX = ("Fix: set ENABLE_XLKV=true on BOTH prefill and decode (or unset it on both), with the same "
        "xlkv_autopatch, vLLM release and connector configuration (a MultiConnector on one side only "
@@ -78,6 +117,27 @@ REMOTE_STOCK_CAUSES = (
     "without %s=true, which this engine may have set)" % layout.EQUAL_TP_KNOB)
 
 
+#: 0.29+: xlkv's own tag without a registration suffix is its token-major BLNHC rows, which xlkv requests for MLA
+#: only; a model whose KV heads are split over ranks runs them where VLLM_KV_CACHE_LAYOUT=BLNHC is set explicitly
+TOKEN_MAJOR = ("xlkv's token-major %s block rows (ENABLE_XLKV=true; for a model whose KV heads are split over ranks "
+               "that means an explicit VLLM_KV_CACHE_LAYOUT=%s, since xlkv itself requests %s)"
+               % (layout.BLOCK_OUTERMOST_LAYOUT, layout.BLOCK_OUTERMOST_LAYOUT, layout.HEADS_OUTERMOST_LAYOUT))
+
+
+def _token_major_vs_heads(ours, theirs):
+    """0.29+, both sides xlkv on the same model, one with token-major BLNHC rows (an explicit
+    VLLM_KV_CACHE_LAYOUT=BLNHC: xlkv requests BHLNC rows for this model), the other with BHLNC rows.  Both
+    flags are on: the layout variable is the cause, and unsetting it where it is set is the fix."""
+    if ours == _state.XLKV:
+        env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
+        return (TOKEN_MAJOR + ("; here: %s" % layout.explicit_layout_reason(env) if env else ""), theirs,
+                "Fix: unset VLLM_KV_CACHE_LAYOUT on this engine, so that both run xlkv's %s rows (they serve any "
+                "TP pairing)" % layout.HEADS_OUTERMOST_LAYOUT)
+    return (ours, TOKEN_MAJOR,
+            "Fix: unset VLLM_KV_CACHE_LAYOUT on the remote engine, so that both run xlkv's %s rows (they serve any "
+            "TP pairing)" % layout.HEADS_OUTERMOST_LAYOUT)
+
+
 def _hash_in(text, label):
     m = re.search(label + r":\s*(\S+)", text)
     return m.group(1).rstrip(".,") if m else None
@@ -89,7 +149,8 @@ def _local_cause():
     if facts.current().kv_cache_layouts and env_layout and env_layout not in layout.WHOLE_ROW_LAYOUTS:
         # vLLM does not ask the connector for a layout then, so no patch saw it: name it here
         explicit = layout.explicit_layout_reason(env_layout)
-        reasons = reasons if explicit in reasons else reasons + [explicit]
+        # a fallback's reason starts with the same words where the registration noted it: named once
+        reasons = reasons if any(explicit in r for r in reasons) else reasons + [explicit]
     return ("; here: %s" % "; ".join(reasons)) if reasons else ""
 
 
@@ -112,8 +173,9 @@ def _connectors_here(worker):
     return "".join("; " + n for n in notes)
 
 
-def _explain(local, remote, worker=None):
-    """(what this engine runs, what the remote runs, the fix) or None when xlkv cannot tell."""
+def _explain(local, remote, worker=None, remote_tp=None):
+    """(what this engine runs, what the remote runs, the fix) or None when xlkv cannot tell (``remote_tp``: the
+    peer's TP size where the handshake knows it)."""
     ours, theirs = _state.describe_hash(local), _state.describe_hash(remote)
     tagged = {layout.tag_hash(local): _state.XLKV, layout.tag_hash(local, layout.ROW_AT_ONE_KV_HEAD): _state.XLKV_ROW,
               layout.tag_hash(local, layout.HEADS_OUTERMOST_ROWS): _state.XLKV_HEADS} if local else {}
@@ -127,13 +189,20 @@ def _explain(local, remote, worker=None):
             return here + _connectors_here(worker), OTHER_CONFIGURATION, OTHER_FIX
         return None
     ours = ours or "a configuration xlkv does not recognise"
+    if facts.current().kv_cache_layouts and {ours, theirs} == {_state.XLKV, _state.XLKV_HEADS}:
+        return _token_major_vs_heads(ours, theirs)
     if _state.is_untagged(ours) or ours == LOCAL_PER_LAYER:
-        return LOCAL_PER_LAYER + _local_cause(), theirs, LOCAL_FIX
+        return LOCAL_PER_LAYER + _local_cause(), theirs, _local_fix()
     if theirs == _state.UNTAGGED_0_29:
-        return ours, theirs + ". " + REMOTE_STOCK_CAUSES, REMOTE_UNTAGGED_FIX
+        hetero = isinstance(remote_tp, int) and worker is not None and remote_tp != _local_tp(worker)
+        return ours, theirs + ". " + REMOTE_STOCK_CAUSES, _remote_untagged_fix(ours, hetero)
     if theirs in (_state.PER_LAYER, _state.UNTAGGED_PACKED):
         return ours, theirs + ". " + REMOTE_STOCK_CAUSES, FIX
     return ours, theirs, FIX
+
+
+#: _nixl_handshake's parameters after self that handshake_wrapper binds by name
+HANDSHAKE_ARGS = ("host", "port", "remote_tp_size")
 
 
 def handshake_wrapper(wrapped, instance, args, kwargs):
@@ -143,8 +212,9 @@ def handshake_wrapper(wrapped, instance, args, kwargs):
         text = str(err)
         if "compatibility hash mismatch" not in text:
             raise
+        (remote_tp,) = bind(args, kwargs, *HANDSHAKE_ARGS)[2:]
         explained = _explain(getattr(instance, "compat_hash", None) or _hash_in(text, "Local"), _hash_in(text, "Remote"),
-                             instance)
+                             instance, remote_tp)
         if explained is None:
             raise  # not a layout difference xlkv can name: keep vLLM's message
         ours, theirs, fix = explained
@@ -242,7 +312,7 @@ def _layout_refusal(instance, meta, cross, f):
     return XlkvMismatchError(
         "xlkv_autopatch: NIXL handshake refused: this engine runs %s%s; the remote engine runs xlkv's cross-layer KV "
         "layout, or another model (%s; %s, so xlkv compared the registered layouts). %s"
-        % (LOCAL_PER_LAYER, _local_cause(), regions, why, LOCAL_FIX))
+        % (LOCAL_PER_LAYER, _local_cause(), regions, why, _local_fix()))
 
 
 #: add_remote_agent's parameters after self that validate_wrapper binds by name (0.33 appends
@@ -265,10 +335,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         if remote_tp and remote_tp != local_tp:
             decision, slicing = _hetero_tp(instance, f, local_tp, remote_tp)
             if not decision.use:
-                fix = ("Fix: unset %s on both engines (xlkv then keeps the stock layout wherever its cross-layer "
-                       "blocks cannot be sliced by KV heads, and any TP pairing is served), or use the same "
-                       "tensor-parallel size on both" % layout.EQUAL_TP_KNOB) if not f.kv_cache_layouts else (
-                    "Fix: use the same tensor-parallel size on both, or unset ENABLE_XLKV on both")
+                fix = _hetero_tp_fix(instance, f)
                 raise XlkvMismatchError(
                     "xlkv_autopatch: NIXL handshake refused: prefill TP %s, decode TP %s: %s. %s" % (
                         remote_tp, local_tp, decision.reason, fix))
@@ -279,6 +346,21 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         with _state.head_slicing():  # block_contiguous.py: vLLM's gate lets these rows through
             return wrapped(*args, **kwargs)
     return wrapped(*args, **kwargs)
+
+
+def _hetero_tp_fix(instance, f):
+    """The fix of a heterogeneous-TP refusal, by what made this engine's cross-layer blocks unsliceable."""
+    if not f.kv_cache_layouts:
+        return ("Fix: unset %s on both engines (xlkv then keeps the stock layout wherever its cross-layer blocks "
+                "cannot be sliced by KV heads, and any TP pairing is served), or use the same tensor-parallel size "
+                "on both" % layout.EQUAL_TP_KNOB)
+    env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
+    if env and layout.layout_name(env) == layout.BLOCK_OUTERMOST_LAYOUT:
+        # vLLM's own BLNHC rows are refused at heterogeneous TP with or without xlkv: the variable is the cause
+        return ("Fix: unset VLLM_KV_CACHE_LAYOUT on both engines (%s, which wins over xlkv, gives token-major rows; "
+                "without it xlkv's %s rows serve any TP pairing), or use the same tensor-parallel size on both"
+                % (layout.explicit_layout_reason(env), layout.HEADS_OUTERMOST_LAYOUT))
+    return "Fix: use the same tensor-parallel size on both, or unset ENABLE_XLKV on both"
 
 
 def _hetero_tp(instance, f, local_tp, remote_tp):
@@ -314,5 +396,5 @@ TARGETS = (
            attr="get_finished", kind="method", wrapper=finished_wrapper, params=("self",), when={"finished": True}),
     Target(name="handshake.explain_mismatch", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
            attr="_nixl_handshake", kind="method", wrapper=handshake_wrapper,
-           params=("self", "host", "port", "remote_tp_size", "..."), when={"hs_hash": True}),
+           params=("self",) + HANDSHAKE_ARGS + ("...",), when={"hs_hash": True}),
 )
