@@ -109,7 +109,24 @@ def prelude(args):
                                   initialize_model_parallel)
     from vllm.distributed.kv_transfer import kv_transfer_state  # noqa: F401
     from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: F401
+    _no_pinned_memory()
     return state
+
+
+def _no_pinned_memory():
+    """Harness-only: vLLM's ``PIN_MEMORY`` (utils/torch_utils.py, computed at import from the platform it
+    found) off where torch has no pinned-memory allocator (a +cpu build: 0.29.0's receive post-processing
+    of a block-size ratio called ``torch.tensor(..., pin_memory=True)`` and the decode rank died)."""
+    import torch
+    try:
+        import vllm.utils.torch_utils as tu
+    except ImportError:
+        return
+    if getattr(tu, "PIN_MEMORY", False) and not torch.cuda.is_available():
+        try:
+            torch.empty(1).pin_memory()
+        except RuntimeError:
+            tu.PIN_MEMORY = False
 
 
 def preload_for_fork():
@@ -435,8 +452,9 @@ def restage_rows(state):
     head range) into one of the ``ratio`` equal parts of the decode block's row; before vLLM's own
     receive post-processing (which zeroes the tokens past what prefill sent, on its per-layer views),
     each received row is permuted with the shim's pure arithmetic (xlkv_autopatch.block_sizes
-    .staged_order: [R, H, L, n, C] -> [H, L, R, n, C]).  The rows are the views' one storage, one
-    block stride apart (what vLLM registered as one region per row)."""
+    .staged_order: [R, H, L, n, C] -> [H, L, R, n, C]) and vLLM's own per-layer conversion is turned off
+    (``convert=False``: 0.29 would run it on any layout).  The rows are the views' one storage, one block
+    stride apart (what vLLM registered as one region per row).""" 
     import torch
     from xlkv_autopatch import block_sizes
 
@@ -446,17 +464,22 @@ def restage_rows(state):
 
     def restaged(block_size_ratio, block_ids_list, *args, **kwargs):
         if block_size_ratio > 1:
+            # vLLM's own conversion is per layer (0.29 runs it on every layout; 0.33 only on block-contiguous
+            # ones, never on BHLNC): the rows are in token order after the permutation, so it is turned off
+            args, kwargs = (), dict(kwargs, convert=False)
             v = next(iter(worker.device_kv_caches.values()))
             stride = v.stride(0) * v.element_size()
             storage = v.untyped_storage()
             nrows = storage.nbytes() // stride
             rows = torch.empty(0, dtype=torch.uint8, device=v.device).set_(storage)[:nrows * stride].view(nrows, stride)
-            heads, tokens, content = v.shape[1], v.shape[2], v.shape[3] * v.element_size()
+            tokens, content = worker.block_size, v.shape[3] * v.element_size()  # [B, H, N, C] or [B, N, H, C]
+            assert tokens in tuple(v.shape[1:3]), (tuple(v.shape), tokens)
+            heads = v.shape[1] * v.shape[2] // tokens
             layers = stride // (heads * tokens * content)
             assert layers * heads * tokens * content == stride, (stride, heads, tokens, content)
             names, perm = block_sizes.staged_order("HLNC", block_size_ratio)
             sizes = {"R": block_size_ratio, "H": heads, "L": layers, "N": tokens // block_size_ratio, "C": content}
-            for _group, block_ids, covered in block_ids_list:
+            for *_group, block_ids, covered in block_ids_list:  # 0.33: (group, ids, covered); 0.29: (ids, covered)
                 full, part = divmod(covered, block_size_ratio)
                 ids = list(block_ids)[:full + (1 if part else 0)]
                 idx = torch.tensor(ids, dtype=torch.long)
