@@ -109,13 +109,48 @@ class HarnessResult(dict):
                                                  "/".join("%.1f" % x for x in os.getloadavg()), os.cpu_count() or 0))
 
 
+def free_ports(n=8):
+    """The first of ``n`` consecutive TCP ports free on 127.0.0.1 now: a harness run's side channels (P, D and a
+    refused peer: --p-port, +1, +2).  The harness's fixed defaults (5611...) are shared by every run on the
+    machine, so two sessions' runs at once would handshake with each other's engines."""
+    import random
+    import socket
+    rnd = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "little"))
+    for _ in range(200):
+        base = rnd.randrange(20000, 32000 - n)  # below Linux's ephemeral ports (32768-60999)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no %d consecutive free ports found" % n)
+
+
+#: seconds each side of a harness run may take to come up (XLKV_SETUP_TIMEOUT overrides): P, D and a refused
+#: peer each import vLLM at once, which took over the harness's own 180 s on a loaded 2-core machine; the
+#: harness goes on as soon as a side is ready, so the bound costs nothing where the machine is not loaded
+SETUP_TIMEOUT = 600
+
+
 def harness(python, tmp_path, name, *args, env=None, step_timeout=45):
     """One run of the P/D harness (experiments/cpu/pd_harness.py); its result dict plus ``_log``
     (the harness's stdout and stderr) and ``_text`` (errors, warnings and log: where a
     refusal's message can be)."""
     out = tmp_path / ("%s.json" % name)
+    env = dict(env or {})
+    env.setdefault("XLKV_SETUP_TIMEOUT", os.environ.get("XLKV_SETUP_TIMEOUT") or str(SETUP_TIMEOUT))
+    if not ({"XLKV_P_PORT", "XLKV_D_PORT"} & (set(env) | set(os.environ)) or {"--p-port", "--d-port"} & set(args)):
+        base = free_ports()
+        env.update(XLKV_P_PORT=str(base), XLKV_D_PORT=str(base + 1))
     r = run_in(python, [HARNESS, "--out", str(out), "--timeout", str(step_timeout)] + list(args), env=env,
-               timeout=900)
+               timeout=1500)  # under tests/real's 1800 s limit per test
     assert out.exists(), "harness wrote no result:\n" + r.stdout[-2000:] + r.stderr[-3000:]
     data = HarnessResult(json.loads(out.read_text()))
     data["_log"] = r.stdout + r.stderr

@@ -12,6 +12,14 @@ from .netns import NetnsPair, link_flap
 from .procs import Ranks, expect, parse_env, side_env
 
 
+def _load():
+    """The machine's load average (1, 5, 15 min) and cores: a wait that ran out on a loaded machine."""
+    try:
+        return "%s on %d cores" % ("/".join("%.1f" % x for x in os.getloadavg()), os.cpu_count() or 0)
+    except OSError:
+        return "unknown"
+
+
 def new_result(args, env_p, env_d):
     return {"vllm": None, "platform": None, "backend": None, "kv_layout": None,
             "cross_layer": None, "num_regions": None, "descs_per_block": None,
@@ -158,28 +166,56 @@ class PairRun:
 
     def _refused_peer_request(self):
         """First a request D must refuse: it has to fail that request and keep serving (the
-        cases then run on the same D processes against the compatible prefill)."""
+        cases then run on the same D processes against the compatible prefill).  What the run
+        waited for, and how long, stays in result["refused_peer"] whatever comes back: a set-up
+        that did not finish, D dying, D not answering, and D's answer without a refusal or an
+        error each read differently there."""
         args, result = self.args, self.result
-        expect(self.x.res[0], ("ready",), args.setup_timeout or 180, "refused peer setup")
+        rp = result["refused_peer"] = {}
+        setup = args.setup_timeout or 180
+        self._wait(rp, "the refused peer's set-up (its rank worker's 'ready')", setup, "peer_died",
+                   lambda: expect(self.x.res[0], ("ready",), setup, "refused peer setup"))
         suffix, remote, local = REFUSED_PEER["request"]
         pmsg = {"engine_id": REFUSED_PEER["engine_id"], "port": args.refused_peer_port, "tp_size": 1,
                 "host": self.host["p"]}
         self.d.put(("recv", "req-refused-" + suffix, remote, local, pmsg))
-        try:
-            rs = self.d.expect_all(("recv",), args.timeout + 15, "D recv req-refused-" + suffix)
-        except Exception as e:
-            result["refused_peer"] = {"d_died": f"{type(e).__name__}: {e}"[:3000]}
-            raise
+        rs = self._wait(rp, "D's answer to the refused request (its receive loop steps up to --timeout %gs)"
+                        % args.timeout, args.timeout + 15, "d_died",
+                        lambda: self.d.expect_all(("recv",), args.timeout + 15, "D recv req-refused-" + suffix))
         for x in rs:
             x.pop("layers", None)
-        rp = {k: rs[0].get(k) for k in ("recv_done", "invalid_block_ids", "errors", "xfer_calls",
-                                        "local_block_ids")}
+        rp.update({k: rs[0].get(k) for k in ("recv_done", "invalid_block_ids", "errors", "xfer_calls",
+                                             "local_block_ids", "recv_s")})
         rp["errors"] = [e for x in rs for e in x.get("errors") or []]
+        rp["shim_log"] = [line for x in rs for line in x.get("shim_log") or []][-10:]
         exc = [e.rsplit(" | ", 1)[1] for e in rp["errors"] if " | " in e]
         rp["failure_reason"] = (exc or rp["errors"] or [None])[-1]
         rp["failed"] = all(x["recv_done"] and x["invalid_block_ids"] for x in rs if
                            isinstance(x["invalid_block_ids"], list)) and not rs[0].get("xfer_calls")
-        result["refused_peer"] = rp
+        if not rp["errors"]:
+            # nothing logged: D's answer says whether its connector finished the request (a silent
+            # refusal) or stepped until --timeout without news (the handshake never completed)
+            rp["no_refusal"] = (
+                "D's connector %s the request after %ss with no ERROR logged (%s; load average %s)"
+                % ("finished" if all(x.get("recv_done") for x in rs) else "neither finished nor failed",
+                   rp.get("recv_s"), "invalid blocks %s, NIXL transfers %s" % (rp["invalid_block_ids"],
+                                                                               rp["xfer_calls"]), _load()))
+
+    def _wait(self, rp, what, limit, died, fn):
+        """``fn()``, or on its failure ``rp`` says what was waited for, how long and why it ended: under
+        "no_answer" when nothing came within ``limit`` seconds, else under ``died`` (a rank's fatal)."""
+        t0 = time.time()
+        rp["waiting_for"] = what
+        try:
+            out = fn()
+        except Exception as e:
+            rp.update(waited_s=round(time.time() - t0, 1), limit_s=limit, load_average=_load(),
+                      since_start_s=round(time.time() - self.t_start, 1))
+            key = "no_answer" if isinstance(e, TimeoutError) else died
+            rp[key] = f"{type(e).__name__}: {e}"[:3000]
+            raise
+        del rp["waiting_for"]
+        return out
 
     # ------------------------------------------------------------------------------ cases
     def _run_cases(self, cases):
