@@ -276,6 +276,7 @@ EQ33 = "2026-11-23-equivalence-0.33.0-1xH200-logprobs-nc.json"
 EQ33N = "2026-11-23-equivalence-0.33.0-1xH200-native.json"
 EQ33_LOG = "logs-2026-11-23-1xH200/0.33.0-equivalence.loggrep.txt"
 GEMMA12 = "2026-11-26-equivalence-0.33.0-2xH200-gemma3-tp1to2-nc.json"
+GPTOSS = "2026-11-29-gptoss-1xH200-equivalence.json"
 DENSE12 = "2026-11-26-equivalence-0.33.0-2xH200-tp1to2-nc.json"
 DENSE12_CONSOLE = "logs-2026-11-26-2xH200-hetero-tp/call20/console.txt"
 DENSE21 = "2026-11-27-equivalence-0.33.0-2xH200-tp2to1-stock.json"
@@ -780,6 +781,17 @@ MEASUREMENTS = [
               regions(GEMMA12, "stock"), regions(GEMMA12, "shim"), f0(probe(GEMMA12, "stock")[1]),
               f0(probe(GEMMA12, "shim")[1]), f0(probe(GEMMA12, "shim")[0]),
               passed(GEMMA12) if eq(GEMMA12)["pd_vs_pd_stock"] == {"pd:shim": []} else "FAIL")),
+    # the gpt-oss shape on one H200 (make_model.py --arch gpt_oss), 0.33.0
+    ("reference stock P/D: {} KV cache groups, pd:shim and pd:native (`BLNHC`) identical to pd:stock (ids and "
+     "logprobs, max difference {}, prompts of {} tokens), negative control detected ({}), D registered {} → {} "
+     "regions per block id, {} → {} descriptors per {}-block-id transfer: **{}**. Local prefill differs from every "
+     "P/D run, stock included (max |Δlogprob| {})",
+     lambda: (eq(GPTOSS)["configs"]["shim"]["kv_cache_groups"], f0(max(lp(GPTOSS, "shim"), lp(GPTOSS, "native"))),
+              lengths(GPTOSS), "%.3f" % nc(GPTOSS), regions(GPTOSS, "stock"), regions(GPTOSS, "shim"),
+              f0(probe(GPTOSS, "stock")[1]), f0(probe(GPTOSS, "shim")[1]), f0(probe(GPTOSS, "shim")[0]),
+              passed(GPTOSS) if eq(GPTOSS)["pd_vs_pd_stock"] == {"pd:shim": [], "pd:native": []}
+              and regions(GPTOSS, "native") == 1 else "FAIL",
+              "%.3f" % min(r["max_logprob_diff"] for r in eq(GPTOSS)["local_vs_pd_stock"].values()))),
     ("pd:shim's token ids equal pd:stock's ({} ids at {} and {} tokens, the first {} at {}), both {} from local prefill "
      "at the same position, negative control detected ({}), {} → {} descriptors per block",
      lambda: (eq(DENSE12)["max_tokens"], *eq(DENSE12)["prompt_lengths"], len(first_ids(DENSE12_CONSOLE, "pd:shim", 5)),
