@@ -7,7 +7,7 @@ Why
     it also holds back every other request's tokens.  In P/D it is paid twice, by P for the one
     token it answers the proxy with and by D for its first token.  On 2 x H200 with vLLM 0.33.0 and
     10240-token prompts (experiments/results/2026-11-27e-0.33.0-2xH200-handoff-ab.json, means of 2
-    alternated repetitions) it was 25 ms of P's answer and 27 ms of D's first token at one request at
+    alternated repetitions) it was 25 ms of P's answer and 28 ms of D's first token at one request at
     a time (2-3 ms with the switch), and 114 ms of D's first token at 64 at a time (6 ms).  Upstream PRs #51281 and #57330 (open) bound it the same way.
 How
     ``__init__`` is wrapped: vLLM's own runs first and builds its stream (nothing is decoded
