@@ -307,6 +307,29 @@ def heterogeneous_tp_supported(*, cross_layer: bool, blocks_first: bool, tp_rati
     return Decision(True, "heads are outermost in a FlashAttention cross-layer block")
 
 
+def tp_ratio(local_tp: int, remote_tp: int) -> int:
+    """vLLM's tp_ratio as a decode (local) worker sees a prefill (remote) peer: local // remote where the local
+    TP is larger, minus remote // local where it is smaller (1 for equal sizes)."""
+    return local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
+
+
+def pair_served(release, *, local_tp: int, remote_tp: int, replicated: bool = False, backend: str = "FLASH_ATTN",
+                heads_outermost_rows: bool = False, packed_groups: bool = False) -> Decision:
+    """Can an engine with xlkv's cross-layer blocks read a peer at ``remote_tp`` on this release (facts
+    ``release``): the one answer the NIXL handshake (patches/handshake.py) and ``status`` (model_report.pair,
+    status_report.runtime_refusals) give.  vLLM 0.29+ (``kv_cache_layouts``): whole rows, sliceable where the
+    engine's rows keep the KV heads outermost (``heads_outermost_rows``); 0.12-0.28: the attention ``backend``'s
+    cross-layer block, sliceable where it keeps the heads outermost on this release, never for vLLM's packed
+    multi-group rows.  ``replicated``: MLA's latent cache, read whole from one remote rank."""
+    ratio = tp_ratio(local_tp, remote_tp)
+    if release.kv_cache_layouts:
+        return heterogeneous_tp_supported(cross_layer=True, tp_ratio=ratio, blocks_first=False, whole_row_layout=True,
+                                          heads_outermost_rows=heads_outermost_rows, replicated=replicated)
+    blocks_first = sliced_by_heads(backend=backend, fa_heads_outermost=release.fa_heads_outermost) is not None
+    return heterogeneous_tp_supported(cross_layer=True, tp_ratio=ratio, blocks_first=blocks_first,
+                                      packed_groups=packed_groups, replicated=replicated)
+
+
 #: the knob that keeps cross-layer blocks which cannot be sliced by KV heads (vLLM 0.12-0.28)
 EQUAL_TP_KNOB = "XLKV_EQUAL_TP"
 

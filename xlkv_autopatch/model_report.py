@@ -56,18 +56,14 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True, block_size=None, k
         served, xlkv = True, d["descriptors_per_block"]["xlkv"]
         reason = "the same layout on both sides" if d["cross_layer"] else \
             "both sides keep the stock layout: %s" % d["reason"]
-    elif release.kv_cache_layouts:
-        tp = layout.heterogeneous_tp_supported(
-            cross_layer=True, blocks_first=False, tp_ratio=2, whole_row_layout=True,
-            heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT, replicated=replicated)
+    elif release.kv_cache_layouts or replicated:   # 0.29+ rows; 0.26-0.28 MLA: one latent tensor on every rank
+        tp = layout.pair_served(release, local_tp=decode_tp, remote_tp=prefill_tp, replicated=replicated,
+                                heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT)
         served, xlkv = tp.use, 1 if tp.use else None
         reason = tp.reason if tp.use else "the handshake is refused: %s" % tp.reason
-    elif d["attention"] == families.MLA:  # 0.26-0.28: one cross-layer latent tensor, replicated on every rank
-        tp = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=True, tp_ratio=2, replicated=True)
-        served, xlkv, reason = True, 1, tp.reason
     else:  # 0.12-0.28, cross-layer blocks: FLASH_ATTN's keep the heads outermost where the release says so
-        fa = layout.heterogeneous_tp_supported(cross_layer=True, blocks_first=not release.fa_heads_outermost,
-                                               tp_ratio=2, packed_groups=d["layout"] == "packed KV cache groups")
+        fa = layout.pair_served(release, local_tp=decode_tp, remote_tp=prefill_tp, backend="FLASH_ATTN",
+                                packed_groups=d["layout"] == "packed KV cache groups")
         served, xlkv = fa.use, 1 if fa.use else None
         others = ("the handshake is refused with %s=true (set on this pair); unset, they keep the stock layout and "
                   "are served as stock" % layout.EQUAL_TP_KNOB) if _equal_tp() else "the stock layout, served as stock"

@@ -222,10 +222,8 @@ def runtime_refusals(f):
                "refused by %s; the request fails with its blocks invalid, this engine keeps serving" % how)
     out.append("a different block size on prefill and decode (--block-size, or the attention kernel's block): the "
                "handshake is refused")
-    decisions = {b: layout.heterogeneous_tp_supported(
-        cross_layer=True, tp_ratio=2,
-        blocks_first=layout.sliced_by_heads(backend=b, fa_heads_outermost=f.fa_heads_outermost) is not None,
-        whole_row_layout=f.kv_cache_layouts, heads_outermost_rows=f.kv_cache_layouts) for b in f.cross_layer_backends}
+    decisions = {b: layout.pair_served(f, local_tp=2, remote_tp=1, backend=b, heads_outermost_rows=True)
+                 for b in f.cross_layer_backends}
     refused_tp = [b for b in f.cross_layer_backends if not decisions[b].use]
     if refused_tp:
         allowed = [b for b in f.cross_layer_backends if b not in refused_tp]
@@ -243,7 +241,7 @@ def runtime_refusals(f):
                    "the handshake is refused; vLLM itself refuses prefill TP > decode TP where prefill TP exceeds the "
                    "KV heads, with or without xlkv" % layout.HEADS_OUTERMOST_LAYOUT)
     if f.packed_groups:
-        packed = layout.heterogeneous_tp_supported(cross_layer=True, tp_ratio=2, blocks_first=True, packed_groups=True)
+        packed = layout.pair_served(f, local_tp=2, remote_tp=1, packed_groups=True)
         out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups) packed by "
                    "xlkv, which it does only with %s=true: the handshake is refused (%s); without it the hybrid keeps "
                    "the stock layout and every pairing is served" % (layout.EQUAL_TP_KNOB, packed.reason))

@@ -262,3 +262,53 @@ def test_remote_sources():
     assert L.remote_sources(prefill_tp=16, decode_tp=2, kv_heads=8)[0] is None  # vLLM refuses (stock too)
     assert L.remote_sources(prefill_tp=16, decode_tp=2, kv_heads=8, replicated=True) == (1, None)  # MLA
     assert "do not divide" in L.remote_sources(prefill_tp=3, decode_tp=2, kv_heads=8)[1]
+
+
+def test_one_function_answers_whether_a_tp_pairing_is_served():
+    """The NIXL handshake (patches/handshake.py) and status (model_report.pair, status_report.runtime_refusals)
+    ask layout.pair_served, and nothing else in the package asks heterogeneous_tp_supported: two roads for
+    one decision agreed only by luck of the arithmetic (status once passed a fixed tp_ratio of 2)."""
+    import ast
+    import os
+    import xlkv_autopatch
+    root = os.path.dirname(xlkv_autopatch.__file__)
+    callers, askers = set(), set()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            for fn in ast.walk(tree):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Call):
+                        called = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+                        if called == "heterogeneous_tp_supported":
+                            callers.add((rel, fn.name))
+                        if called == "pair_served":
+                            askers.add(rel)
+    assert callers == {("layout.py", "pair_served")}, callers
+    assert {os.path.join("patches", "handshake.py"), "model_report.py", "status_report.py"} <= askers, askers
+
+
+@pytest.mark.parametrize("release", ["0.14.1", "0.21.0", "0.23.0", "0.26.0", "0.29.0", "0.33.0"])
+@pytest.mark.parametrize("local_tp,remote_tp", [(2, 1), (1, 2), (4, 1), (1, 4), (2, 2)])
+def test_pair_served_per_release(release, local_tp, remote_tp):
+    from xlkv_autopatch import facts
+    f = facts.facts_for(release)
+    equal = local_tp == remote_tp
+    # MLA's replicated latent cache is served at any pairing; equal sizes always
+    assert L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, replicated=True).use
+    rows = L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, heads_outermost_rows=True)
+    fa = L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, backend="FLASH_ATTN")
+    triton = L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, backend="TRITON_ATTN")
+    packed = L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, packed_groups=True)
+    if equal:
+        assert rows.use and fa.use and triton.use and packed.use
+    elif f.kv_cache_layouts:
+        assert rows.use and not L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp).use   # BLNHC rows
+    else:
+        assert fa.use == f.fa_heads_outermost and not triton.use and not packed.use

@@ -364,24 +364,17 @@ def _hetero_tp_fix(instance, f):
 
 
 def _hetero_tp(instance, f, local_tp, remote_tp):
-    """(can this cross-layer worker read a peer at ``remote_tp``, does vLLM slice heads-outermost rows
-    for it: the gate's scope is needed)."""
-    ratio = local_tp // remote_tp if local_tp >= remote_tp else -(remote_tp // local_tp)
+    """(can this cross-layer worker read a peer at ``remote_tp`` (layout.pair_served, which status asks
+    too), does vLLM slice heads-outermost rows for it: the gate's scope is needed)."""
     replicated = bool(getattr(instance, "use_mla", False))  # MLA's latent cache: one remote rank, nothing sliced
-    if f.kv_cache_layouts:
-        sliceable, why_not = _state.heads_outermost(instance)
-        decision = layout.heterogeneous_tp_supported(
-            cross_layer=True, tp_ratio=ratio, blocks_first=False, whole_row_layout=True,
-            heads_outermost_rows=sliceable, replicated=replicated)
-        if why_not:
-            decision = layout.Decision(False, "this engine's %s rows cannot be sliced by heads: %s"
-                                       % (layout.HEADS_OUTERMOST_LAYOUT, why_not))
-        return decision, decision.use and sliceable
-    heads_outermost = layout.sliced_by_heads(backend=getattr(instance, "backend_name", ""),
-                                             fa_heads_outermost=f.fa_heads_outermost) is None
-    return layout.heterogeneous_tp_supported(
-        cross_layer=True, tp_ratio=ratio, blocks_first=not heads_outermost, whole_row_layout=False,
-        packed_groups=_state.is_packed_groups(instance), replicated=replicated), False
+    sliceable, why_not = _state.heads_outermost(instance) if f.kv_cache_layouts else (False, None)
+    decision = layout.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, replicated=replicated,
+                                  backend=getattr(instance, "backend_name", ""), heads_outermost_rows=sliceable,
+                                  packed_groups=not f.kv_cache_layouts and _state.is_packed_groups(instance))
+    if f.kv_cache_layouts and why_not:
+        decision = layout.Decision(False, "this engine's %s rows cannot be sliced by heads: %s"
+                                   % (layout.HEADS_OUTERMOST_LAYOUT, why_not))
+    return decision, f.kv_cache_layouts and decision.use and sliceable
 
 
 #: what this file wraps, on the release's NIXL worker class (NixlConnectorWorker up to 0.23,
