@@ -27,8 +27,8 @@ than the tail and requests without prompt ids (prompt embeddings).
 """
 
 #: prompt ids kept before the first new token (more where a run crosses it, see above): a word piece
-#: or a multi-byte character spans far fewer ids; decoding 64 ids costs ~0.1 ms where 10240 cost
-#: 13-24 ms
+#: or a multi-byte character spans far fewer ids; what decoding 64 ids instead of the whole prompt saves:
+#: docs/measurements.md, "The first-token detokenizer"
 TAIL_IDS = 64
 #: what decoders put where a character is cut
 REPLACEMENT = "\ufffd"

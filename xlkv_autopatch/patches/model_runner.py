@@ -3,9 +3,9 @@
 Why
     From vLLM 0.22 (Qwen3) and 0.25 (all dense models) the default Model Runner V2
     registers per-layer KV tensors only (its kv_connector.py says "TODO: support
-    cross_layers_kv_cache"), so the cross-layer preference is silently ignored.  Measured
-    on 2xH200 with vLLM 0.26: 28 descriptors per block with V2, 1 with the V1 runner and
-    the same opt-in, and 64x10240 mean TTFT 2884-2993 ms vs 1890-1989 ms.
+    cross_layers_kv_cache"), so the cross-layer preference is silently ignored: on 2xH200 with
+    vLLM 0.26, 28 descriptors per block with V2 and 1 with the V1 runner and the same opt-in
+    (docs/measurements.md, "Model Runner V1 on 0.22-0.28", has the TTFT runs).
     (0.24-0.28 also have a packed per-block allocation both runners honour; the shim uses
     it only for sliding-window hybrids with several KV cache groups, which one cross-layer
     tensor cannot serve: packed_kv_cache_config.py tags its hash and refuses heterogeneous
