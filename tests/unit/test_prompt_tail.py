@@ -54,13 +54,16 @@ def _cases(tok, seed, count=60):
 
 
 def _texts(stream, tok, cont, skip=True):
-    """Each new token's text, stepped as vLLM's _protected_step does: a tokenizer whose text before the new
-    token changes ("Invalid prefix encountered", here: byte-fallback tokens kept as special tokens) resets
-    the stream without any prompt, and the step is repeated."""
+    """Each new token's text, stepped as vLLM's _protected_step does: an id the tokenizer rejects
+    (OverflowError, TypeError) gives no text; a tokenizer whose text before the new token changes ("Invalid
+    prefix encountered", here: byte-fallback tokens kept as special tokens) resets the stream without any
+    prompt, and the step is repeated."""
     out = []
     for t in cont:
         try:
             out.append(stream.step(tok, t))
+        except (OverflowError, TypeError):
+            out.append(None)
         except Exception as e:  # noqa: BLE001 - vLLM's own recovery, modelled
             if not str(e).startswith("Invalid prefix encountered"):
                 raise
@@ -165,22 +168,6 @@ def vocab():
     return get
 
 
-def _vllm_texts(stream, tok, cont, skip):
-    """_texts, with vLLM's other recovery too: an id the tokenizer rejects gives no text."""
-    out = []
-    for t in cont:
-        try:
-            out.append(stream.step(tok, t))
-        except (OverflowError, TypeError):
-            out.append(None)
-        except Exception as e:  # noqa: BLE001 - vLLM's own recovery, modelled
-            if not str(e).startswith("Invalid prefix encountered"):
-                raise
-            stream = DecodeStream(skip_special_tokens=skip)
-            out.append(("reset", stream.step(tok, t)))
-    return out
-
-
 def _switch(tok, prompt, skip, joins=True):
     """The switch's stream for a real tokenizer, as patches/incremental_detokenizer.py builds it (None: vLLM's);
     joins=False is the planted fault: the tail without its run extension."""
@@ -197,7 +184,7 @@ def _differences(tok, sample, rare, skip, seed, count, joins=True):
     for prompt, cont in real_vocabularies.cases(tok, sample, rare, rng, count):
         s = _switch(tok, prompt, skip, joins)
         used += s is not None
-        if _vllm_texts(s or _stock(tok, prompt, skip), tok, cont, skip) != _vllm_texts(_stock(tok, prompt, skip), tok,
+        if _texts(s or _stock(tok, prompt, skip), tok, cont, skip) != _texts(_stock(tok, prompt, skip), tok,
                                                                                           cont, skip):
             differ.append((prompt, cont))
     return differ, used
@@ -223,11 +210,11 @@ def test_the_three_byte_run_reproducers_give_vllms_text_and_the_unextended_tail_
     tok, encode = real_vocabularies.load("mistral-v3")
     assert [tok.token_to_id(p) for p in ("<0xE4>", "<0xC3>", "<0xA9>")] == [999, 966, 940]   # the ids reported
     for what, (prompt, cont, skip) in real_vocabularies.reproducers(tok, encode).items():
-        stock = _vllm_texts(_stock(tok, prompt, skip), tok, cont, skip)
+        stock = _texts(_stock(tok, prompt, skip), tok, cont, skip)
         assert stock[0] is not None and stock[0].startswith("Hello world\ufffd"), (what, stock)   # vLLM #48853
         assert _switch(tok, prompt, skip) is None, what             # the run reaches into the tail: vLLM's stream
         unextended = _switch(tok, prompt, skip, joins=False)
-        assert unextended is not None and _vllm_texts(unextended, tok, cont, skip) != stock, what
+        assert unextended is not None and _texts(unextended, tok, cont, skip) != stock, what
 
 
 def test_a_run_longer_than_max_run_keeps_the_whole_prompt_after_max_run_lookups():
