@@ -9,7 +9,7 @@ in the package's words.  make_model.py records the shape it generated in ``SHAPE
 config.json, and the lab reads that (pdtools.kvmetrics.model_shape) instead of classifying
 config.json again.
 
-A row's ``harness`` entry is what ``experiments/cpu/pdharness/model.py`` builds KV cache specs
+A row's ``harness`` entry is what ``tests/harness/pdharness/model.py`` builds KV cache specs
 from (``--family NAME``): the architecture it writes into a config folder, each layer's
 attention kind in model order ("full", "sliding", "mla"), KV heads, head size, sliding window and
 max_model_len.  Its ``gpu`` entry is what ``experiments/make_model.py --arch ARCH`` writes: the

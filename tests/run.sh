@@ -5,7 +5,7 @@
 #
 # 1. a virtual environment (.venv-test) with the shim installed editable and
 #    tests/requirements.txt (pytest, the experiments' helpers' deps, CPU torch);
-# 2. for the real-vLLM tests, one environment per torch pin (experiments/cpu/mkenv.sh;
+# 2. for the real-vLLM tests, one environment per torch pin (tests/harness/mkenv.sh;
 #    under $XLKV_ENVS, default /work/envs, reused when present) for each release in
 #    XLKV_TEST_VLLM, with the shim installed into it (editable: its .pth and entry point);
 # 3. one pytest run over tests/.
@@ -43,7 +43,7 @@ if [ -z "${XLKV_TEST_PYTHONS:-}" ] && [ "$XLKV_TEST_VLLM" != "none" ]; then
   mkdir -p "$ENVS"
   for v in $XLKV_TEST_VLLM; do
     [ -f "$ENVS/.prefetch-$v.done" ] && continue
-    ( bash experiments/cpu/mkenv.sh "$v" > /dev/null 2> "$ENVS/.prefetch-$v.log" && touch "$ENVS/.prefetch-$v.done" ) &
+    ( bash tests/harness/mkenv.sh "$v" > /dev/null 2> "$ENVS/.prefetch-$v.log" && touch "$ENVS/.prefetch-$v.done" ) &
   done
 fi
 exec "$VENV/bin/python" -m pytest tests "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Model families on the CPU P/D harness: for every family of pdharness/model.py (dense, one-kv-head,
+"""Model families on the CPU P/D harness (tests/harness/): for every family of pdharness/model.py (dense, one-kv-head,
 mla, sliding-window) and the configs stock, native (vLLM's own best setting) and xlkv (ENABLE_XLKV=true
 on P and D), one harness run; D's registration (regions, descriptors and bytes per block id,
 KV cache groups) and one transfer (descriptors handed to NIXL, descriptors NIXL moved, bytes
@@ -8,7 +8,7 @@ compared per group) go into one results file per release.
     python experiments/cpu/families_matrix.py --python ENV_PYTHON \
         --out experiments/results/2026-11-25-families-cpu-<release>.json [--family F ...]
 
-ENV_PYTHON: a vLLM environment's python with the shim installed (mkenv.sh, then
+ENV_PYTHON: a vLLM environment's python with the shim installed (tests/harness/mkenv.sh, then
 `pip install --no-deps -e .`). native: VLLM_KV_CACHE_LAYOUT=BLNHC on both sides (0.29+),
 kv_connector_extra_config enable_cross_layers_blocks=true (0.16-0.28; the harness always runs
 the V1 model runner's allocation, so Model Runner V2's ignoring the opt-in does not show here),
@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.append(os.path.dirname(HERE))
 from pdtools.gates import gate  # noqa: E402  (the release gates: xlkv_autopatch/releases.py)
-HARNESS = os.path.join(HERE, "pd_harness.py")
+HARNESS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "harness", "pd_harness.py")
 FAMILIES = ("mla", "sliding-window", "one-kv-head", "dense")
 CONFIGS = ("stock", "native", "xlkv")
 

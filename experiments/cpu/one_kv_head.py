@@ -23,7 +23,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = os.path.join(HERE, "pd_harness.py")
+HARNESS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "harness", "pd_harness.py")
 XLKV = {"ENABLE_XLKV": "true"}
 BLNHC = ["--env", "VLLM_KV_CACHE_LAYOUT=BLNHC"]
 #: name -> (harness arguments, environment)

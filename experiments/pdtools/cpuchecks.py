@@ -1,6 +1,6 @@
 """What runs without a GPU, the one copy of it (the main job's CPU path and every GPU job on a
 machine without GPUs): ``xlkv_autopatch status``, then real P->D KV transfers through the installed
-vLLM's own NixlConnector + NIXL on host memory (experiments/cpu/pd_harness.py), stock and
+vLLM's own NixlConnector + NIXL on host memory (tests/harness/pd_harness.py), stock and
 ENABLE_XLKV=true, every block compared byte for byte, and their table (the shim must bring the
 descriptors per block down, to at most 2).
 """
@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from .settings import EXIT_FAIL, EXIT_NO_GPU, EXP_DIR, LabExit, die, log
+from .settings import EXIT_FAIL, EXIT_NO_GPU, REPO_DIR, LabExit, die, log
 
 
 def cpu_checks(py, out, settings, env):
@@ -28,7 +28,7 @@ def cpu_checks(py, out, settings, env):
         path = os.path.join(out, "cpu-%s.json" % cfg)
         with open(os.path.join(out, "cpu-%s.log" % cfg), "w") as logf:
             try:
-                subprocess.run([py, os.path.join(EXP_DIR, "cpu", "pd_harness.py"), "--out", path], env=run_env,
+                subprocess.run([py, os.path.join(REPO_DIR, "tests", "harness", "pd_harness.py"), "--out", path], env=run_env,
                                stdout=logf, stderr=subprocess.STDOUT,
                                timeout=settings.get_int("HARNESS_TIMEOUT", "900"))
             except subprocess.TimeoutExpired:
@@ -54,7 +54,7 @@ def cpu_checks(py, out, settings, env):
 
 def cpu_only_checks(settings, env):
     """A GPU job's CPU checks: cpu_checks with XLKV_HARNESS_PYTHON (a Python whose vLLM runs on
-    CPU, e.g. from experiments/cpu/mkenv.sh; default $PY), results in WORK; ``env``: the job's
+    CPU, e.g. from tests/harness/mkenv.sh; default $PY), results in WORK; ``env``: the job's
     children's.  CPU_CHECKS_CMD replaces it (a shell command; tests use it)."""
     if settings.get("CPU_CHECKS_CMD"):
         sys.stdout.flush()

@@ -4,9 +4,9 @@ ENABLE_XLKV=true (and vLLM's own opt-in where the release has one).
 
 On a machine without GPUs it says so and runs what can run here: `xlkv_autopatch status` and real
 prefill->decode KV transfers through the installed vLLM's own NixlConnector code with real NIXL
-on host memory (experiments/cpu/pd_harness.py), stock vs ENABLE_XLKV=true, every block compared
+on host memory (tests/harness/pd_harness.py), stock vs ENABLE_XLKV=true, every block compared
 byte for byte.  The vLLM for that comes from XLKV_HARNESS_PYTHON (a Python with vLLM + nixl) or is
-installed by experiments/cpu/mkenv.sh (XLKV_VLLM, default 0.21.0) under XLKV_ENVS (default
+installed by tests/harness/mkenv.sh (XLKV_VLLM, default 0.21.0) under XLKV_ENVS (default
 /work/envs; about 9 GB on a first run).  Results: XLKV_MAIN_OUT (default /tmp/xlkv-main).
 
 Exit: 0 pass, 1 a check failed, 2 set-up problem.
@@ -26,10 +26,10 @@ no GPU on this machine: the GPU equivalence and TTFT benchmark (experiments/pd_e
 experiments/pd_bench.sh) cannot run here.  Running the CPU checks instead:
   1. python -m xlkv_autopatch status  (installed vLLM, flag, activation paths, patch targets)
   2. real P->D KV transfers through vLLM's NixlConnector + NIXL/UCX on host memory,
-     stock vs ENABLE_XLKV=true, byte-for-byte (experiments/cpu/pd_harness.py)
+     stock vs ENABLE_XLKV=true, byte-for-byte (tests/harness/pd_harness.py)
 Results and logs go to %(out)s (XLKV_MAIN_OUT)."""
 INSTALL = """vLLM: %(ver)s (XLKV_VLLM), from the environments folder %(envs)s (XLKV_ENVS).
-  If it is not there yet, experiments/cpu/mkenv.sh installs it now: vLLM, the CUDA torch it pins
+  If it is not there yet, tests/harness/mkenv.sh installs it now: vLLM, the CUDA torch it pins
   and NIXL from PyPI, about 9 GB of disk and about 5 minutes on a new machine; later runs reuse
   it.  XLKV_HARNESS_PYTHON=/path/to/python uses a Python that already has vLLM + nixl instead."""
 NOISE = """Expected noise on a machine without CUDA (vLLM's and torch's own import-time messages, harmless):
@@ -68,8 +68,8 @@ def main(settings):
     print(NOISE, flush=True)
     if not py:
         ver = s.get("XLKV_VLLM", "0.21.0")
-        print("installing or reusing vLLM %s + nixl for the CPU checks (experiments/cpu/mkenv.sh)" % ver, flush=True)
-        r = subprocess.run(["bash", os.path.join(EXP_DIR, "cpu", "mkenv.sh"), ver], env=s.environ,
+        print("installing or reusing vLLM %s + nixl for the CPU checks (tests/harness/mkenv.sh)" % ver, flush=True)
+        r = subprocess.run(["bash", os.path.join(REPO_DIR, "tests", "harness", "mkenv.sh"), ver], env=s.environ,
                            stdout=subprocess.PIPE, text=True)
         lines = r.stdout.strip().splitlines()
         if r.returncode != 0 or not lines:

@@ -15,7 +15,7 @@ builds its descriptor lists:
 Both move identical bytes (checked after every run).  Descriptor lists are prepared once
 (vLLM does that at registration); each run times ``make_prepped_xfer`` + ``transfer`` +
 completion.  Shapes: Qwen3-0.6B (28 layers) and Llama-3-8B (32 layers), 8 KV heads, head
-dim 128, bf16, 16-token blocks.  Needs numpy and nixl (e.g. a experiments/cpu/mkenv.sh env).
+dim 128, bf16, 16-token blocks.  Needs numpy and nixl (e.g. a tests/harness/mkenv.sh env).
 """
 import argparse
 import json

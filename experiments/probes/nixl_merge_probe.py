@@ -16,7 +16,7 @@ and checks the bytes.  The orders:
 
     python experiments/probes/nixl_merge_probe.py [--blocks 64] [--block-bytes 1835008] [--out FILE]
 
-Needs numpy and nixl (a experiments/cpu/mkenv.sh env).
+Needs numpy and nixl (a tests/harness/mkenv.sh env).
 """
 import argparse
 import json

@@ -4,7 +4,7 @@
     python3 tests/compat/run_matrix.py [--releases "0.12.0 0.13.0 ..."] \
         [--out experiments/results/compat-matrix.json] [--logs /tmp/xlkv-matrix]
 
-For each release: experiments/cpu/mkenv.sh installs it (a base environment per torch pin, an
+For each release: tests/harness/mkenv.sh installs it (a base environment per torch pin, an
 overlay environment per other release of that pin), the shim is installed into that environment (editable:
 .pth + entry point), then
 
@@ -45,7 +45,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HARNESS = os.path.join(ROOT, "experiments", "cpu", "pd_harness.py")
+HARNESS = os.path.join(ROOT, "tests", "harness", "pd_harness.py")
 ALL = ("0.11.2 0.12.0 0.13.0 0.14.1 0.15.1 0.16.0 0.17.1 0.18.1 0.19.1 0.20.2 0.21.0 0.22.1 0.23.0 0.24.0 "
        "0.25.1 0.26.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0")
 MECHANISMS = {
@@ -286,7 +286,7 @@ def run_release(release, logs):
     row = {"vllm": release, "mechanism": mechanism(release), "status": "fail",
            "descriptors_per_block_stock": None, "descriptors_per_block_xlkv": None,
            "transfer_verified": False, "notes": "", "details": {}}
-    r = sh(["bash", os.path.join(ROOT, "experiments", "cpu", "mkenv.sh"), release], os.path.join(logs, "mkenv.log"))
+    r = sh(["bash", os.path.join(ROOT, "tests", "harness", "mkenv.sh"), release], os.path.join(logs, "mkenv.log"))
     if r.returncode != 0:
         row["notes"] = "could not install vLLM %s (see mkenv.log)" % release
         return row
@@ -442,7 +442,7 @@ def main():
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"command": "python3 tests/compat/run_matrix.py --releases '%s'" % args.releases,
-                       "harness": "experiments/cpu/pd_harness.py (fakecuda platform, FLASH_ATTN, HND, 4 layers, "
+                       "harness": "tests/harness/pd_harness.py (fakecuda platform, FLASH_ATTN, HND, 4 layers, "
                                   "2 KV heads, head 64, bf16, block 16; real NIXL UCX on host memory)",
                        "rows": ordered}, f, indent=1)
     return 0

@@ -191,7 +191,7 @@ def test_one_table_of_model_shapes_serves_the_gpu_models_and_the_cpu_harness():
     """Issue 35 item 3: make_model.py's architectures and the CPU harness's families are the two
     entries of each row of experiments/model_shapes.py, not two tables."""
     sys.path.insert(0, EXP)
-    sys.path.insert(0, os.path.join(EXP, "cpu"))
+    sys.path.insert(0, os.path.join(os.path.dirname(EXP), "tests", "harness"))
     import make_model
     import model_shapes
     from pdharness import model as harness_model
@@ -219,7 +219,7 @@ def test_the_table_is_keyed_by_the_packages_names_and_the_package_classifies_eac
     one classifier, given the config each tool writes for the row (make_model.py's GPU config, the
     harness's config folder), says that family and kind at TP 1."""
     sys.path.insert(0, EXP)
-    sys.path.insert(0, os.path.join(EXP, "cpu"))
+    sys.path.insert(0, os.path.join(os.path.dirname(EXP), "tests", "harness"))
     import make_model
     import model_shapes
     from pdharness import model as harness_model

@@ -22,7 +22,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXP = os.path.join(ROOT, "experiments")
-SCRIPTS = sorted(glob.glob(os.path.join(EXP, "*.sh")) + glob.glob(os.path.join(EXP, "*", "*.sh")))
+#: the lab's shell, plus the environment builder it shares with the tests (tests/harness/mkenv.sh)
+SCRIPTS = sorted(glob.glob(os.path.join(EXP, "*.sh")) + glob.glob(os.path.join(EXP, "*", "*.sh")) +
+                 [os.path.join(ROOT, "tests", "harness", "mkenv.sh")])
 sys.path.insert(0, EXP)
 from pdtools import configs, pair, settings  # noqa: E402
 from pdtools.gates import gate  # noqa: E402
@@ -84,7 +86,7 @@ VERSION_LITERAL = re.compile(r"version_(ge|lt)\b|(>=?|<=?)\s*\(0,\s*\d+")
 
 def test_no_release_boundary_is_typed_in_the_lab():
     """Issue 35 done-when: every release gate of the lab reads releases.py; the environment builders
-    (bundle.sh, cpu/mkenv.sh) and the probes may name versions."""
+    (bundle.sh, tests/harness/mkenv.sh) and the probes may name versions."""
     skip = {"bundle.sh", "mkenv.sh"}
     found = []
     for dirpath, dirnames, files in os.walk(EXP):
@@ -190,13 +192,15 @@ def test_scripts_name_only_scripts_that_exist():
                         "registry.py", "cuda.py"):
                 continue  # in ../shared or in vLLM
             where = (EXP, os.path.dirname(s), os.path.join(EXP, "pdtools"), os.path.join(EXP, "cpu"),
-                     os.path.join(EXP, "probes"), ROOT)
+                     os.path.join(ROOT, "tests", "harness"), os.path.join(EXP, "probes"), ROOT)
             assert any(os.path.exists(os.path.join(d, name)) for d in where), (os.path.basename(s), name)
 
 
 def test_the_main_job_does_not_reach_into_tests():
     """experiments/ is what an operator runs; tests/ may use it, never the other way round
-    (main.sh once ran tests/compat/mkenv.sh and tests/compat/pd_harness.py)."""
+    (main.sh once ran tests/compat/mkenv.sh and tests/compat/pd_harness.py).  The one exception is
+    the CPU harness, tests/harness/, which the lab's CPU checks run through pdtools (job_main,
+    cpuchecks) and its drivers in cpu/: shared infrastructure, no test suite."""
     import re
     for s in SCRIPTS:
         for n, line in enumerate(open(s), 1):
@@ -288,7 +292,7 @@ def test_main_job_and_the_gpu_scripts_run_one_cpu_check(tmp_path):
     table = main.stdout[main.stdout.index("--- P->D transfer, stock"):]
     assert "descriptors per block: stock 4 -> xlkv 1 (OK)" in table and "CPU checks: PASS" in table
     harness = [line for line in calls.read_text().splitlines() if "pd_harness.py" in line]
-    assert [line.split()[0] for line in harness] == [os.path.join(EXP, "cpu", "pd_harness.py")] * 2
+    assert [line.split()[0] for line in harness] == [os.path.join(ROOT, "tests", "harness", "pd_harness.py")] * 2
     eq = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
                         timeout=120)
     assert eq.returncode == 3, eq.stdout + eq.stderr

@@ -1,6 +1,6 @@
 """Real-vLLM fixtures: one environment per release in XLKV_TEST_VLLM, shim installed in it.
 
-Environments come from experiments/cpu/mkenv.sh (a base venv per torch pin, and an overlay venv
+Environments come from tests/harness/mkenv.sh (a base venv per torch pin, and an overlay venv
 per other release of that pin, so releases never swap each other's vLLM); pytest orders the
 session-scoped parametrized fixture so that each release is set up once.
 
@@ -31,7 +31,7 @@ RELEASES = _releases()
 
 
 def _install_env(version):
-    r = subprocess.run(["bash", os.path.join(ROOT, "experiments", "cpu", "mkenv.sh"), version], capture_output=True,
+    r = subprocess.run(["bash", os.path.join(ROOT, "tests", "harness", "mkenv.sh"), version], capture_output=True,
                        text=True, timeout=3000)
     if r.returncode != 0:
         raise RuntimeError("mkenv.sh %s failed:\n%s" % (version, r.stderr[-4000:]))
@@ -95,7 +95,7 @@ def at_the_ends(vllm_env, why):
                     % (ends + (why,)))
 
 
-HARNESS = os.path.join(ROOT, "experiments", "cpu", "pd_harness.py")
+HARNESS = os.path.join(ROOT, "tests", "harness", "pd_harness.py")
 
 
 class HarnessResult(dict):
@@ -140,7 +140,7 @@ SETUP_TIMEOUT = 600
 
 
 def harness(python, tmp_path, name, *args, env=None, step_timeout=45):
-    """One run of the P/D harness (experiments/cpu/pd_harness.py); its result dict plus ``_log``
+    """One run of the P/D harness (tests/harness/pd_harness.py); its result dict plus ``_log``
     (the harness's stdout and stderr) and ``_text`` (errors, warnings and log: where a
     refusal's message can be)."""
     out = tmp_path / ("%s.json" % name)

@@ -1,5 +1,5 @@
 """Model families beyond the dense tiny Llama, on real vLLM + real NIXL (the CPU P/D harness,
-``--family``; shapes in experiments/cpu/pdharness/model.py):
+``--family``; shapes in tests/harness/pdharness/model.py):
 
 - mla: DeepSeek-V2-shaped MLA (one 576-wide latent cache per layer, use_mla in the config),
 - sliding-window: gpt-oss-shaped sliding-window + full hybrid (the planner makes several KV cache groups;

@@ -1,5 +1,5 @@
 """The negative control of the equivalence checks, driven through the CPU harness: real vLLM
-NixlConnector + real NIXL, P and D as two processes (experiments/cpu/pd_harness.py).
+NixlConnector + real NIXL, P and D as two processes (tests/harness/pd_harness.py).
 
 experiments/negative_control/ (experiments only, never in the installed package) is put first
 on D's PYTHONPATH; its sitecustomize.py wraps the NIXL connector worker's completion poll and

@@ -1,6 +1,6 @@
 """Real prefill->decode transfers through vLLM's own NixlConnector code and real NIXL (UCX on
 host memory), per release: stock vs ENABLE_XLKV, byte-for-byte, and the one-sided-flag
-refusals.  The harness (experiments/cpu/pd_harness.py) runs P and D as two processes and does
+refusals.  The harness (tests/harness/pd_harness.py) runs P and D as two processes and does
 what the release's GPU model runner does; it never looks at the shim."""
 
 import json

@@ -1,4 +1,4 @@
-"""Against a real vLLM release (installed by experiments/cpu/mkenv.sh): the patch targets of
+"""Against a real vLLM release (installed by tests/harness/mkenv.sh): the patch targets of
 that release resolve, the patches land in every process kind only when ENABLE_XLKV is set,
 and with the flag off nothing of the shim is imported or applied."""
 

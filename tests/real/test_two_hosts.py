@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT, at_the_ends, harness, release_of
 
-sys.path.insert(0, os.path.join(ROOT, "experiments", "cpu"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
 from pdharness import netns  # noqa: E402  (standard library only)
 
 CASES = ("noncontig", "reversed")

@@ -943,7 +943,7 @@ DEPLOY = [
      "{} s once part of a read has crossed",
      lambda: (f0(two(TWO_STOCK)["link_flap"]["down_s"]) if "--link-flap %d" % two(TWO_STOCK)["link_flap"]["down_s"]
               in load(TWO_STOCK)["command"] else "?",
-              re.search(r'"--link-flap-rate", default="(\d+)kbit"', read("experiments", "cpu", "pdharness", "cli.py")).group(1),
+              re.search(r'"--link-flap-rate", default="(\d+)kbit"', read("tests", "harness", "pdharness", "cli.py")).group(1),
               {re.match(r"(\d+)mbit", two(n)["link_flap"]["rate"]).group(1) for n in (TWO_STOCK, TWO_XLKV)}.pop(),
               block_bytes(TWO_STOCK, "reversed") // 1024, f0(two(TWO_STOCK)["link_flap"]["down_s"]))),
     ("| 0.33.0 stock, two namespaces | bytes exact; NIXL descriptors {} for {} non-contiguous blocks, {} for {} descending "

@@ -21,7 +21,8 @@ import sys
 
 # one row per family (the "harness" entries of experiments/model_shapes.py, the lab's one table of
 # model shapes); "layers" lists each layer's attention kind in model order
-_EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "experiments")
 if _EXPERIMENTS not in sys.path:  # last: the lab's folder must shadow nothing of the vLLM process
     sys.path.append(_EXPERIMENTS)
 import model_shapes  # noqa: E402

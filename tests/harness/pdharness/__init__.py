@@ -1,7 +1,7 @@
 """CPU-only prefill->decode proof harness for vLLM's real NixlConnector + real NIXL (UCX).
 
 Run with the python of an env made by mkenv.sh:
-    python experiments/cpu/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
+    python tests/harness/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
                                       [--p-env KEY=VAL] [--d-env KEY=VAL] [--timeout 60]
 
 Two processes (spawn): P (prefill, the NIXL READ target) and D (decode, the reader); at TP N
@@ -42,4 +42,4 @@ wrapped pass-through only to count the descriptors really handed to NIXL.
 #   checks       P's reference bytes and D's blocks compared with them
 #   session      the parent's run: start, handshake, cases, the result dict
 #   netns        --netns: P and D in two network namespaces joined by a veth pair
-#   cli          the command line (experiments/cpu/pd_harness.py calls cli.main)
+#   cli          the command line (tests/harness/pd_harness.py calls cli.main)

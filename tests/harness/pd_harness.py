@@ -4,7 +4,7 @@ the command line.  The harness itself is the package beside this file (pdharness
 __init__ says what it does, ``--help`` too).
 
 Run with the python of an env made by mkenv.sh, from any folder:
-    python experiments/cpu/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
+    python tests/harness/pd_harness.py --out result.json [--case NAME] [--native-opt-in]
                                       [--p-env KEY=VAL] [--d-env KEY=VAL] [--timeout 60]
                                       [--netns [--link-flap SECONDS]]   (two hosts on one machine; root)
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or reuse a Python environment for one vLLM release.
-#   usage: experiments/cpu/mkenv.sh VLLM_VERSION        -> prints the env's python path (last stdout line)
+#   usage: tests/harness/mkenv.sh VLLM_VERSION        -> prints the env's python path (last stdout line)
 # Layout under ${XLKV_ENVS:-/work/envs}:
 #   torch-<pin>/   base venv, one per torch pin: a full `pip install vllm==X nixl==... numpy pytest`
 #                  of the first release asked for with that pin. Never changed afterwards.
