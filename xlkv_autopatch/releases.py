@@ -8,7 +8,7 @@ Everything release-dependent is derived from :data:`RELEASES` (read at call time
   which rows they are for (their ``when`` columns); consecutive rows whose patch targets agree
   form one group, named after its mechanism and first release;
 * the behaviour facts the wrappers ask (:func:`xlkv_autopatch.facts.facts_for`);
-* the patch catalogue in docs/mechanism.md (:mod:`xlkv_autopatch.catalogue`).
+* the patch catalogue in docs/mechanism.md (tools/catalogue.py, outside the package).
 
 A new vLLM release whose NIXL code matches the last row is one more row (copy the last line
 and change its release); a release that moved or changed a target needs the column that says

@@ -20,7 +20,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_support_table_matches_the_matrix():
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "compat", "render_table.py"), "--check"],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "render_table.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -56,7 +56,7 @@ def test_matrix_rows_are_well_formed():
 def test_matrix_flags_counts_that_contradict_the_ordering():
     """run_matrix's own checks, on hand-made harness results: a keep-order run that merged, and
     an xlkv run that did not, are problems; bytes not compared exact are problems."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "compat"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import run_matrix
     ids = {"reversed": 8, "interleaved": 6, "shared": 4}
 
@@ -79,7 +79,7 @@ def test_matrix_flags_counts_that_contradict_the_ordering():
 def test_matrix_push_check_tells_vllms_failures_from_the_shims():
     """A push case stock vLLM gets wrong is vLLM's (recorded, not a problem) as long as the shim
     gets exactly the same result; a different result, or a failure where stock is exact, is."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "compat"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import run_matrix
     blocks = {"noncontig": 4, "reversed": 8, "interleaved": 6, "shared": 4}
 
@@ -291,10 +291,10 @@ def test_readme_states_the_supported_range_of_the_release_table():
 def test_the_model_family_table_is_what_its_results_files_say(tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("render_families",
-                                                  os.path.join(ROOT, "tests", "compat", "render_families.py"))
+                                                  os.path.join(ROOT, "tools", "render_families.py"))
     rf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rf)
-    assert rf.main(["--check"]) == 0, "run python3 tests/compat/render_families.py"
+    assert rf.main(["--check"]) == 0, "run python3 tools/render_families.py"
     # every cell comes from its file: a planted change in the GPU MLA row's results is seen
     index = json.load(open(rf.INDEX))
     row = next(r for r in index["rows"] if r["where"].startswith("1×H100") and r["family"] == "mla")
@@ -313,10 +313,10 @@ def test_the_heterogeneous_tp_table_is_what_its_results_files_say(tmp_path, monk
     files; a planted change in one of them (a decode rank's descriptors per remote rank) is seen."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("render_hetero_tp",
-                                                  os.path.join(ROOT, "tests", "compat", "render_hetero_tp.py"))
+                                                  os.path.join(ROOT, "tools", "render_hetero_tp.py"))
     rh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rh)
-    assert rh.main(["--check"]) == 0, "run python3 tests/compat/render_hetero_tp.py"
+    assert rh.main(["--check"]) == 0, "run python3 tools/render_hetero_tp.py"
     table = rh.render()
     assert "| 0.33.0 | dense, 4 KV heads | 1 → 2 | 1 | exact, 4 region(s), 4 | exact, 1 region(s), 1 |" in table, table
     # a planted fault in a copy of one file: the rendered row follows it

@@ -14,10 +14,23 @@ from dataclasses import replace
 
 import pytest
 
-from xlkv_autopatch import catalogue, facts, releases
+from xlkv_autopatch import facts, releases
 from xlkv_autopatch._version import __version__
 from xlkv_autopatch.errors import XlkvUnsupportedVersion
 from xlkv_autopatch.patches import all_groups
+
+
+def _tool(name):
+    """A docs renderer of tools/ (outside the package: it ships in no wheel), loaded from the checkout."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+catalogue = _tool("catalogue")
 
 KC = "vllm.distributed.kv_transfer.kv_connector"
 

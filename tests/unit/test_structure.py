@@ -8,19 +8,31 @@ import re
 from pathlib import Path
 
 import xlkv_autopatch
-from xlkv_autopatch import catalogue
 from xlkv_autopatch.patches import all_groups
 
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 
 
+def _tool(name):
+    """A docs renderer of tools/ (outside the package: it ships in no wheel), loaded from the checkout."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+catalogue = _tool("catalogue")
+
+
 def test_docs_tables_are_the_rendered_ones():
-    """docs/mechanism.md's mechanism table and patch catalogue are what catalogue.py derives from the
-    release table."""
+    """docs/mechanism.md's mechanism table and patch catalogue are what tools/catalogue.py derives from
+    the release table."""
     text = open(catalogue.DOC).read()
     for start, end, renderer in catalogue.BLOCKS:
         assert catalogue.rendered_in(text, start, end) == renderer(), (
-            "docs/mechanism.md's %s is stale: python -m xlkv_autopatch.catalogue --write" % renderer.__name__)
+            "docs/mechanism.md's %s is stale: python3 tools/catalogue.py --write" % renderer.__name__)
 
 
 def test_every_patch_file_is_in_the_catalogue_and_documented():
@@ -113,7 +125,7 @@ FLOORS = (
               "_pth", "prompt_tail", "block_sizes"}),
     ("machinery", {"registry"}),
     ("patches", {"patches"}),
-    ("front", {"", "__main__", "_startup", "plugin", "status_report", "model_report", "catalogue"}),
+    ("front", {"", "__main__", "_startup", "plugin", "status_report", "model_report"}),
 )
 
 
@@ -156,7 +168,8 @@ def test_test_files_have_distinct_basenames():
     assert len(seen) > 30
 
 
-#: the lab's importable names (experiments/: its package, its modules, the harness's and the hook's)
+#: the lab's importable names (experiments/: its package, its modules, the hook's) and the CPU harness's
+#: (tests/harness/)
 LAB_NAMES = {"experiments", "pdtools", "pdharness", "model_shapes", "make_model", "pd_proxy", "report",
              "wire_copy", "families_matrix", "one_kv_head", "stock_layout_order", "pd_harness",
              "xlkv_negative_control", "model_check"}
@@ -290,3 +303,38 @@ def test_the_bind_check_sees_a_planted_mismatch():
     assert _bind_mismatches(planted) == [("handshake.validate", handshake.VALIDATE_ARGS,
                                           ("remote_tp_rank", "nixl_agent_meta", "remote_tp_size"))]
     assert _bind_mismatches(replace(spec, params=None)) != []
+
+
+# ---------------------------------------------------------------------- one owner per room
+
+
+def _doc_paths(source):
+    """String literals of ``source``'s code (docstrings left out) that name the docs folder or a markdown file:
+    what a module that renders or reads the docs has, and production code never needs."""
+    tree = ast.parse(source)
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and (n.value in ("docs", "docs/") or n.value.endswith(".md"))]
+
+
+def test_each_room_holds_only_its_own():
+    """Design pass item 1: the package ships only what runs in production (the docs renderers, catalogue.py
+    among them, live in tools/); the CPU harness the real-vLLM tests drive lives in tests/harness/, not in the
+    lab (experiments/), which runs it from there.  tests/README.md's table says who owns which folder."""
+    root = os.path.dirname(PKG)
+    found = {}
+    for folder, _, names in os.walk(PKG):
+        for fname in names:
+            if fname.endswith(".py"):
+                path = os.path.join(folder, fname)
+                hits = _doc_paths(open(path).read())
+                if hits:
+                    found[os.path.relpath(path, root)] = hits
+    assert found == {}
+    assert _doc_paths('"""docs/x.md"""\nDOC = os.path.join(ROOT, "docs", "mechanism.md")\n') == ["docs", "mechanism.md"]
+    for path in ("tools/catalogue.py", "tools/render_table.py", "tests/harness/pd_harness.py",
+                 "tests/harness/pdharness/cli.py", "tests/harness/mkenv.sh"):
+        assert os.path.isfile(os.path.join(root, path)), path
+    for path in ("xlkv_autopatch/catalogue.py", "tests/compat", "experiments/cpu/pd_harness.py",
+                 "experiments/cpu/pdharness", "experiments/cpu/mkenv.sh"):
+        assert not os.path.exists(os.path.join(root, path)), path

@@ -12,7 +12,7 @@ registry keeps those whose range contains the installed vLLM (and the ``always``
 is applied all-or-nothing when its trigger module is imported.  What differs between releases
 *inside* a wrapper (hash or not, which layouts keep heads outermost) is in
 :mod:`xlkv_autopatch.facts`, from the same table.  The catalogue of every target and its
-releases is rendered into docs/mechanism.md by :mod:`xlkv_autopatch.catalogue`.
+releases is rendered into docs/mechanism.md by tools/catalogue.py.
 """
 
 from dataclasses import dataclass

@@ -4,18 +4,22 @@
 :func:`render`: the patch catalogue, every vLLM attribute the shim wraps, in which releases and
 where, from :func:`xlkv_autopatch.patches.all_groups` (itself derived from
 :mod:`xlkv_autopatch.releases`).  Never written by hand: docs/mechanism.md carries them between
-the markers of :data:`BLOCKS`; ``python -m xlkv_autopatch.catalogue --write`` rewrites them and
-tests/unit/test_structure.py fails on a stale one.
+the markers of :data:`BLOCKS`; ``python3 tools/catalogue.py --write`` rewrites them and
+tests/unit/test_structure.py fails on a stale one.  A docs renderer, not part of the package (it
+ships in no wheel): it reads the package's release table and patch groups.
 """
 
 import os
 import sys
 
-from . import patches, releases, versions
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # a checkout run: python3 tools/catalogue.py
+    sys.path.append(ROOT)
+from xlkv_autopatch import patches, releases, versions  # noqa: E402
 
-START = "<!-- patch catalogue: python -m xlkv_autopatch.catalogue --write renders it from the release table -->"
+START = "<!-- patch catalogue: python3 tools/catalogue.py --write renders it from the release table -->"
 END = "<!-- end of the patch catalogue -->"
-MECH_START = "<!-- mechanisms: python -m xlkv_autopatch.catalogue --write renders it from the release table -->"
+MECH_START = "<!-- mechanisms: python3 tools/catalogue.py --write renders it from the release table -->"
 MECH_END = "<!-- end of the mechanisms -->"
 
 #: (mechanism, runner_v1[, packed]) of a run of release-table rows -> (name, what the shim changes there)
@@ -43,7 +47,7 @@ MECHANISM_TEXT = {
         "handshake only, so vLLM's heterogeneous-TP head slicing serves them; an explicit `VLLM_KV_CACHE_LAYOUT` "
         "wins"),
 }
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "mechanism.md")
+DOC = os.path.join(ROOT, "docs", "mechanism.md")
 _PREFIX = "vllm.distributed.kv_transfer.kv_connector."
 
 

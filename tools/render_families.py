@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Render experiments/results/families.json as the model-family table of docs/support-matrix.md.
 
-    python3 tests/compat/render_families.py [--check]
+    python3 tools/render_families.py [--check]
 
 Every cell of the table is read from a results file: a row of families.json names the file and,
 for each column, the JSON path of the value in it (``runs.mla.xlkv.registered.descs_per_block_id``),
@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INDEX = os.path.join(ROOT, "experiments", "results", "families.json")
 DOC = os.path.join(ROOT, "docs", "support-matrix.md")
 START, END = "<!-- families:start -->", "<!-- families:end -->"
@@ -112,7 +112,7 @@ def main(argv):
     if "--check" in argv:
         if new != text:
             print("docs/support-matrix.md's family or ordering table is not what the results files say: run "
-                  "python3 tests/compat/render_families.py")
+                  "python3 tools/render_families.py")
             return 1
         return 0
     open(DOC, "w").write(new)

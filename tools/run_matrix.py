@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compatibility matrix: every vLLM release, really installed, really transferring.
 
-    python3 tests/compat/run_matrix.py [--releases "0.12.0 0.13.0 ..."] \
+    python3 tools/run_matrix.py [--releases "0.12.0 0.13.0 ..."] \
         [--out experiments/results/compat-matrix.json] [--logs /tmp/xlkv-matrix]
 
 For each release: tests/harness/mkenv.sh installs it (a base environment per torch pin, an
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS = os.path.join(ROOT, "tests", "harness", "pd_harness.py")
 ALL = ("0.11.2 0.12.0 0.13.0 0.14.1 0.15.1 0.16.0 0.17.1 0.18.1 0.19.1 0.20.2 0.21.0 0.22.1 0.23.0 0.24.0 "
        "0.25.1 0.26.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0")
@@ -441,7 +441,7 @@ def main():
         ordered = sorted(rows.values(), key=lambda r: tuple(int(x) for x in r["vllm"].split(".")))
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"command": "python3 tests/compat/run_matrix.py --releases '%s'" % args.releases,
+            json.dump({"command": "python3 tools/run_matrix.py --releases '%s'" % args.releases,
                        "harness": "tests/harness/pd_harness.py (fakecuda platform, FLASH_ATTN, HND, 4 layers, "
                                   "2 KV heads, head 64, bf16, block 16; real NIXL UCX on host memory)",
                        "rows": ordered}, f, indent=1)

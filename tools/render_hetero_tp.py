@@ -2,7 +2,7 @@
 """Render the heterogeneous-TP results (experiments/results/*-hetero-tp-cpu-<release>.json, written by
 experiments/cpu/hetero_tp.py) as the table of docs/support-matrix.md.
 
-    python3 tests/compat/render_hetero_tp.py [--check]
+    python3 tools/render_hetero_tp.py [--check]
 
 One row per release and pairing: the model, prefill TP -> decode TP, the prefill ranks each decode
 rank reads, then for stock and for xlkv whether every case's bytes matched on every decode rank, the
@@ -16,8 +16,8 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:  # the package's family names (a checkout run: python3 tests/compat/render_hetero_tp.py)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # the package's family names (a checkout run: python3 tools/render_hetero_tp.py)
     sys.path.append(ROOT)
 from xlkv_autopatch.families import canonical  # noqa: E402  (files before 0.8.3 spell the hybrid "swa")
 

@@ -2,7 +2,7 @@
 """Render experiments/results/compat-matrix.json as docs/support-matrix.md's support table (and
 README's short one, where README has the markers: since issue 42 it has none).
 
-    python3 tests/compat/render_table.py [--check]
+    python3 tools/render_table.py [--check]
 
 Replaces the text between ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` in
 README.md (short cells: ``short_table``) and in docs/support-matrix.md (every column, the notes
@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MATRIX = os.path.join(ROOT, "experiments", "results", "compat-matrix.json")
 GPU = os.path.join(ROOT, "experiments", "results", "gpu-proven.json")
 README = os.path.join(ROOT, "README.md")
@@ -88,7 +88,7 @@ def table(matrix, gpu=None):
                  "Produced by `%s`. GPU column: `experiments/results/gpu-proven.json`, which names the result "
                  "files and the fields of each that back its words." % (
                      ", ".join(off) or "no row", ", ".join(pushed) or "no row",
-                     matrix.get("command", "tests/compat/run_matrix.py")))
+                     matrix.get("command", "tools/run_matrix.py")))
     return "\n".join(lines)
 
 
@@ -153,7 +153,7 @@ def main():
         new = render(text, matrix, gpu, make)
         if "--check" in sys.argv:
             if new != text:
-                print("%s support table is out of date: run python3 tests/compat/render_table.py"
+                print("%s support table is out of date: run python3 tools/render_table.py"
                       % os.path.relpath(path, ROOT))
                 rc = 1
             continue
