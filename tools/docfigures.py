@@ -1774,7 +1774,7 @@ def _shape(value):
         if value in words:
             return "(?:%s)" % "|".join(map(re.escape, words))
     if not re.search(r"\d", value):
-        return None
+        return r"\S+" * bool(value) + r" \S+" * value.count(" ") if value.strip() == value else None
     out, last = [], 0
     for m in re.finditer(NUMBER, value):
         out += [re.escape(value[last:m.start()]), NUMBER]
@@ -1790,7 +1790,8 @@ def _pattern(template, figs, loose=False):
         shape = None if loose else _shape(fig)
         if shape is None:
             last = k == len(figs) - 1 and piece == ""
-            shape = r"\S+?(?=[\s,;)]|\.(?:\s|$)|$)" if last else ".+?"
+            shape = (r"\S+?(?=[\s,;)]|\.(?:\s|$)|$)" if last else r"\S+(?: \S+){0,5}?" if k == 0 and not pieces[0]
+                     else ".+?")
         out += ["(%s)" % shape, re.escape(piece)]
     return "".join(out)
 
@@ -1827,6 +1828,9 @@ def uncovered(doc, text, wants, raw=None, index=None):
     bad = []
     for m in re.finditer(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?(?:e-?\d+)?", text):
         if not any(a <= m.start() and m.end() <= b for a, b in spans):
+            if raw is False:
+                bad.append(m.start())
+                continue
             where = "%s:%d" % (doc_label(doc), line_of(raw, index[m.start()])) if raw is not None else doc_label(doc)
             bad.append("%s: no claim covers %r in ...%s..." % (where, m.group(),
                                                                text[max(0, m.start() - 50):m.end() + 20]))
@@ -1894,25 +1898,47 @@ def _replace(raw, index, m, figs):
     return raw
 
 
+def rewrite(doc, raw):
+    """The doc ``raw`` with every claim's figures its files' (where the claim's pattern finds one span of it)."""
+    text, index = normalize(raw, doc)
+    for (template, fn), (want, figs, error) in zip(CLAIMS[doc], filled(doc)):
+        if error or want in text:
+            continue  # check() names an error
+        found = locate(text, template, figs, _exact_spans(text, [w for w, _, _ in filled(doc) if w and w in text]))
+        if len(found) == 1 and found[0].lastindex == len(figs):
+            raw = _replace(raw, index, found[0], figs)
+            text, index = normalize(raw, doc)
+    # A claim said more than once (the same words, e.g. a set-up sentence of several runs): one span stale while
+    # another still says it. A span that a claim's pattern matches, with a number no claim covers in it, takes
+    # that claim's figures where every claim matching it gives the same.
+    bad = uncovered(doc, text, [w for w, _, _ in filled(doc) if w and w in text], raw=False)
+    fixes = {}
+    for (template, fn), (want, figs, error) in zip(CLAIMS[doc], filled(doc)):
+        if error or not bad:
+            continue
+        for m in re.finditer(_pattern(template, figs), text):
+            if m.group() != want and any(m.start() <= b < m.end() for b in bad) and m.lastindex == len(figs):
+                fixes.setdefault((m.start(), m.end()), {})[want] = (m, figs)
+    done = []
+    for (a, b), wants in sorted(fixes.items(), reverse=True):
+        if len(wants) == 1 and not any(a < d and c < b for c, d in done):
+            [(m, figs)] = wants.values()
+            raw = _replace(raw, index, m, figs)
+            done.append((a, b))
+    return raw
+
+
 def write(root=None):
     """Fill every claim's figures into the docs of the tree at ``root`` (default: this checkout) from its files.
     Returns (the docs rewritten, what could not be written: check()'s problems after writing)."""
     if root is not None:
         set_root(root)
     changed = []
-    for doc, claims in CLAIMS.items():
-        path = os.path.join(ROOT, *DOCS[doc])
-        before = raw = doc_raw(doc)
-        text, index = normalize(raw, doc)
-        for (template, fn), (want, figs, error) in zip(claims, filled(doc)):
-            if error or want in text:
-                continue  # check() names an error
-            found = locate(text, template, figs, _exact_spans(text, [w for w, _, _ in filled(doc) if w and w in text]))
-            if len(found) == 1 and found[0].lastindex == len(figs):
-                raw = _replace(raw, index, found[0], figs)
-                text, index = normalize(raw, doc)
+    for doc in CLAIMS:
+        before = doc_raw(doc)
+        raw = rewrite(doc, before)
         if raw != before:
-            with open(path, "w", encoding="utf-8") as f:
+            with open(os.path.join(ROOT, *DOCS[doc]), "w", encoding="utf-8") as f:
                 f.write(raw)
             read.cache_clear()
             changed.append(doc_label(doc))
