@@ -2,7 +2,7 @@
 
 Each `python -m vllm.entrypoints.cli.main bench serve ...` run pays for importing vLLM and torch
 before its first request: on 2 x H200 with vLLM 0.33.0 that was 20-30 s a repetition while the
-requests themselves took 0.2-3 s (experiments/results/logs-2026-11-27c-2xH200-handoff/call22), so a
+requests themselves took 0.2-3 s (experiments/results/logs-2026-11-27c-2xH200-handoff.tar.xz:call22), so a
 grid of 18 repetitions per config filled a device call.  This process imports vLLM's benchmark
 once and runs every repetition with vLLM's own code: ``vllm.benchmarks.serve.add_cli_args`` parses
 the same arguments the CLI would get and ``vllm.benchmarks.serve.main`` runs them (what

@@ -3,7 +3,7 @@ restage, patches/block_size_restage.py, and the handshake's layout.block_sizes_s
 (tests/harness/pd_harness.py, real NixlConnector + NIXL, D's bytes checked token by token) for one
 vLLM release, one harness run per row, the summary as JSON.
 
-    python experiments/cpu/block_sizes_shim.py PYTHON RELEASE OUT.json [--port BASE] [--source]
+    python experiments/cpu/block_sizes_shim.py PYTHON RELEASE OUT.json [--port BASE] [--source] [--only NAME,...]
 
 PYTHON: an environment with that vLLM release and the shim installed (tests/real/conftest.py's), or
 with --source one without it (needs wrapt): the shim of this checkout, PYTHONPATH=<repo> (its
@@ -56,7 +56,9 @@ def run(python, release, family, p_tp, d_tp, p_bs, d_bs, port, scratch, source=F
     subprocess.run([python] + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     took = round(time.time() - start)
     r = json.load(open(out)) if os.path.exists(out) else {"errors": ["no result"]}
-    errors = [e[:600] for e in (r.get("errors") or [])][:2]
+    # a refusal: its message from the exception on (the cause and the fix), else the error's start
+    errors = [e[e.index("XlkvMismatchError"):][:1200] if "XlkvMismatchError" in e else e[:600]
+              for e in (r.get("errors") or [])][:2]
     return {"name": name, "command": "%s %s %s" % (prefix, python, " ".join(args).replace(out, "$OUT/%s.json"
                                                                                                    % name)),
             "family": family, "tp": "%d->%d" % (p_tp, d_tp), "block_sizes": {"p": p_bs, "d": d_bs},
@@ -71,11 +73,21 @@ def main(argv):
     python, release, dest = argv[:3]
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 7200
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for i, row in enumerate(ROWS):
+            if only and "%s-tp%d%s-%d-%d" % (row[0], row[1], "" if row[1] == row[2] else "to%d" % row[2], *row[3:]) \
+                    not in only:
+                continue
             rows.append(run(python, release, *row, port=port + 4 * i, scratch=scratch, source="--source" in argv))
             print(rows[-1]["name"], rows[-1]["outcome"], rows[-1]["seconds"], file=sys.stderr)
+    if only and os.path.exists(dest):  # --only NAME,...: those rows run again, the file's other rows kept
+        with open(dest) as f:
+            kept = json.load(f)
+        again = {r["name"]: r for r in rows}
+        rows = [again.pop(r["name"], r) for r in kept["rows"]] + list(again.values())
+        commit = "%s (rows %s at %s)" % (kept.get("commit_base"), ",".join(only), commit)
     with open(dest, "w") as f:
         json.dump({"what": "Different block sizes on prefill and decode with the shim, ENABLE_XLKV=true on both (the "
                            "receive restage, patches/block_size_restage.py; the handshake's "

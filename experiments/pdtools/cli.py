@@ -9,6 +9,7 @@ Helper commands (those experiments/README.md gives operators):
   merge           merge results JSON files (cells of the same key gain repetitions, idempotently)
   model-family    the package's family of a model directory (dense, one-kv-head, sliding-window, mla, ...)
   gate            exit 0 when vLLM VERSION has NAME (the shim's release table), else print why not and exit 1
+  logs            a run's raw logs in experiments/results/logs-<run>.tar.xz: list, print a member, or --pack a folder
 """
 
 import argparse
@@ -16,7 +17,7 @@ import json
 import os
 import sys
 
-from . import job_bench, job_cell, job_equivalence, job_main, job_upstream, report
+from . import archive, job_bench, job_cell, job_equivalence, job_main, job_upstream, report
 from .gates import GATES, gate
 from .kvmetrics import model_family
 from .results import merge_results
@@ -85,11 +86,24 @@ def main(argv=None):
     s.add_argument("name", choices=sorted(GATES))
     s.add_argument("version")
 
+    s = sub.add_parser("logs", help="list a logs-<run>.tar.xz, print one member to stdout, or --pack a logs-<run>/ "
+                                    "folder into logs-<run>.tar.xz (pdtools/archive.py)")
+    s.add_argument("--pack", action="store_true", help="ARCHIVE is a folder: write FOLDER.tar.xz beside it")
+    s.add_argument("archive")
+    s.add_argument("member", nargs="?")
+
     a = p.parse_args(argv)
     if a.cmd == "merge":
         cmd_merge(a)
     elif a.cmd == "model-family":
         print(model_family(a.model))
+    elif a.cmd == "logs":
+        if a.pack:
+            print(archive.pack(a.archive))
+        elif a.member:
+            sys.stdout.buffer.write(archive.read(a.archive, a.member))
+        else:
+            print("\n".join(archive.members(a.archive)))
     elif a.cmd == "gate":
         ok, why = gate(a.name, a.version)
         if not ok:

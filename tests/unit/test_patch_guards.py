@@ -92,8 +92,11 @@ def test_different_block_sizes_served_where_decode_blocks_hold_whole_prefill_blo
     hybrid = worker(kv_cache_config=types.SimpleNamespace(kv_cache_groups=[window, full]), **rows)
     _state.mark_heads_outermost(hybrid)
     _state.mark_restages(hybrid)
-    with pytest.raises(XlkvMismatchError, match="a sliding-window KV cache group"):
+    with pytest.raises(XlkvMismatchError, match="a sliding-window KV cache group") as e:
         handshake.validate_wrapper(ok, hybrid, (meta(block_size=16, **remote), 0, 1), {})
+    assert "multiple" not in str(e.value)  # the direction is served: the fix is the same block size
+    with pytest.raises(XlkvMismatchError, match="Fix: decode blocks a multiple of prefill blocks, the same"):
+        handshake.validate_wrapper(ok, w, (meta(block_size=64, **remote), 0, 1), {})
     release("0.26.0")  # a cross-layer block of 0.12-0.28: refused whatever the sizes
     with pytest.raises(XlkvMismatchError, match="cannot be re-split into the peer's token ranges"):
         handshake.validate_wrapper(ok, worker(block_size=32), (meta(block_size=16), 0, 1), {})

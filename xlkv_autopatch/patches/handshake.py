@@ -284,19 +284,21 @@ def _sliding_window_groups(instance):
             if getattr(getattr(g, "kv_cache_spec", None), "sliding_window", None)]
 
 
-def _block_size_refusal(meta, local_bs, remote_bs, logical, why):
+def _block_size_refusal(meta, local_bs, remote_bs, logical, why, f):
     engine = getattr(meta, "engine_id", "?")
     if logical is not None and logical != local_bs:
         here = "KV blocks of %d tokens (--block-size), split by the attention kernel into %d-token blocks" % (
             logical, local_bs)
     else:
         here = "%d-token KV blocks" % local_bs
+    # the fix by cause: a multiple helps only where the direction is the refused part on a release that serves it
+    multiple = ("decode blocks a multiple of prefill blocks, " if f.kv_cache_layouts and local_bs % remote_bs
+                else "")
     return XlkvMismatchError(
         "xlkv_autopatch: NIXL handshake refused: the remote engine %s registers %s-token blocks with NIXL, this engine "
         "%s: %s. Where --block-size is the same on both sides, the attention kernel block differs: a different "
-        "attention backend (or kernel block size) on one side. Fix: decode blocks a multiple of prefill blocks "
-        "(vLLM 0.29+), the same --block-size and the same attention backend on prefill and decode, or unset "
-        "ENABLE_XLKV on both" % (engine, remote_bs, here, why))
+        "attention backend (or kernel block size) on one side. Fix: %sthe same --block-size and the same attention "
+        "backend on prefill and decode, or unset ENABLE_XLKV on both" % (engine, remote_bs, here, why, multiple))
 
 
 def _layout_refusal(instance, meta, cross, f):
@@ -356,7 +358,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
         if local_bs is not None and remote_bs is not None and local_bs != remote_bs:
             why = _block_sizes_served(instance, f, local_bs, remote_bs, local_tp, remote_tp)
             if why is not None:
-                raise _block_size_refusal(meta, local_bs, remote_bs, _logical_block_size(instance), why)
+                raise _block_size_refusal(meta, local_bs, remote_bs, _logical_block_size(instance), why, f)
         if remote_tp and remote_tp != local_tp:
             decision, slicing = _hetero_tp(instance, f, local_tp, remote_tp)
             if not decision.use:

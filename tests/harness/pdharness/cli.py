@@ -73,7 +73,8 @@ def build_parser():
     ap.add_argument("--restage-rows", action="store_true",
                     help="D only, vLLM 0.29+ with BHLNC rows and D's blocks a multiple of P's: before vLLM's receive "
                          "post-processing, permute each received row with xlkv_autopatch.block_sizes.staged_order (a "
-                         "stand-in, on the worker instance, for the receive restage docs/mechanism.md designs)")
+                         "stand-in, on the worker instance, for the shim's patches/block_size_restage.py, for runs "
+                         "without the shim: VLLM_KV_CACHE_LAYOUT=BHLNC)")
     ap.add_argument("--transfer", choices=("pull", "push"), default="pull",
                     help="pull: NixlConnector (D READs from P); push: NixlPushConnector (P WRITEs "
                          "into D's blocks; releases that have it, TP 1 only)")

@@ -447,8 +447,9 @@ def plant_head_offset(state):
 
 def restage_rows(state):
     """--restage-rows (D only, vLLM 0.29+, a block-outermost BHLNC layout, decode blocks a multiple of
-    prefill blocks): a stand-in, on the worker instance, for the receive restage docs/mechanism.md
-    designs ("Different block sizes on prefill and decode").  vLLM reads each prefill block's row (its
+    prefill blocks): a stand-in, on the worker instance, for the shim's receive restage
+    (xlkv_autopatch/patches/block_size_restage.py; docs/mechanism.md, "Different block sizes on prefill
+    and decode"), for runs without the shim (VLLM_KV_CACHE_LAYOUT=BHLNC).  vLLM reads each prefill block's row (its
     head range) into one of the ``ratio`` equal parts of the decode block's row; before vLLM's own
     receive post-processing (which zeroes the tokens past what prefill sent, on its per-layer views),
     each received row is permuted with the shim's pure arithmetic (xlkv_autopatch.block_sizes
