@@ -336,7 +336,7 @@ EQUAL_TP_KNOB = "XLKV_EQUAL_TP"
 
 def sliced_by_heads(*, backend: str, fa_heads_outermost: bool) -> Optional[str]:
     """vLLM 0.12-0.28: None where this attention backend's cross-layer block keeps the KV heads
-    outermost (FLASH_ATTN where the release's ``fa_heads`` column says so: a remote rank's heads
+    outermost (FLASH_ATTN where the release's ``fa_heads_outermost`` column says so: a remote rank's heads
     are one range of the block), else why a remote rank's heads are not one range of it."""
     if backend == "FLASH_ATTN" and fa_heads_outermost:
         return None

@@ -379,8 +379,8 @@ def _hetero_tp(instance, f, local_tp, remote_tp):
 
 #: what this file wraps, on the release's NIXL worker class (NixlConnectorWorker up to 0.23,
 #: NixlBaseConnectorWorker from 0.24): add_remote_agent everywhere, get_finished where the worker has
-#: the one the shim wraps (the release table's ``finished``; it acts where ``recv_lookup``),
-#: _nixl_handshake where it compares a compatibility hash (``hs_hash``)
+#: the one the shim wraps (the release table's ``finished``; it acts where ``failed_recv_looks_up_engine``),
+#: _nixl_handshake where it compares a compatibility hash (``has_compat_hash``)
 TARGETS = (
     Target(name="handshake.validate", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
            attr="add_remote_agent", kind="method", wrapper=validate_wrapper,
@@ -389,5 +389,5 @@ TARGETS = (
            attr="get_finished", kind="method", wrapper=finished_wrapper, params=("self",), when={"finished": True}),
     Target(name="handshake.explain_mismatch", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
            attr="_nixl_handshake", kind="method", wrapper=handshake_wrapper,
-           params=("self",) + HANDSHAKE_ARGS + ("...",), when={"hs_hash": True}),
+           params=("self",) + HANDSHAKE_ARGS + ("...",), when={"has_compat_hash": True}),
 )
