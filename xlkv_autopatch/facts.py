@@ -26,11 +26,6 @@ class ReleaseFacts(releases.Release):
     def __post_init__(self):
         pass  # the row was checked when the table was parsed; tests replace() single facts
 
-    @property
-    def kv_cache_layouts(self):
-        """The ``layout`` mechanism (transitional: the next commit has the wrappers ask ``mechanism``)."""
-        return self.mechanism == "layout"
-
 
 def facts_for(release):
     """The facts for a (major, minor, micro) tuple or a version string: the columns of its row

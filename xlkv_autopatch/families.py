@@ -244,7 +244,7 @@ def decide(model: ModelShape, release, *, equal_tp: bool = False) -> ModelDecisi
     """What the shim does for this model shape on a release (``release``: its
     :class:`xlkv_autopatch.facts.ReleaseFacts`, whole).
 
-    The release's columns that count here: ``kv_cache_layouts`` (vLLM 0.29+ chooses KV-cache
+    The release's columns that count here: ``mechanism == "layout"`` (vLLM 0.29+ chooses KV-cache
     layouts once per engine; before, the shim lays out cross-layer blocks), ``packed_groups``
     (vLLM's packed multi-group KV allocation, 0.24-0.28, which the shim turns on for sliding-window
     hybrids where every peer runs this engine's TP size: ``equal_tp``, XLKV_EQUAL_TP; packed rows
@@ -264,7 +264,7 @@ def decide(model: ModelShape, release, *, equal_tp: bool = False) -> ModelDecisi
         return ModelDecision(fam, False, "%s: keeps the stock layout (vLLM's sparse indexer kernels assume compact "
                                          "per-layer rows under block-outermost layouts: vLLM issues #55431, #55528)"
                              % title)
-    if not release.kv_cache_layouts:
+    if release.mechanism != "layout":
         mla_backends = release.mla_cross_layer_backends
         if kind == MLA and mla_backends:
             if model.pp_size > 1:

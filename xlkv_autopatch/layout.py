@@ -76,19 +76,19 @@ def explicit_layout_reason(env_layout: str) -> str:
 
 #: the values vLLM accepts for VLLM_KV_CACHE_LAYOUT (its envs.py ``env_with_choices``: compared as written,
 #: case and blanks included; anything else, an empty value too, stops vLLM with "Invalid value ..." where it
-#: reads the variable), by whether the release has KV-cache layouts (0.29+; 0.12-0.28 know NHD and HND only)
+#: reads the variable), by whether the release's mechanism is "layout" (0.29+; 0.12-0.28 know NHD and HND only)
 VLLM_LAYOUT_VALUES = {False: ("NHD", "HND"),
                       True: ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND", "BLHNC", "BLNHC", "BHLNC")}
 
 
-def invalid_layout_value(env_layout: Optional[str], *, kv_cache_layouts: bool, release: str = "") -> Optional[str]:
+def invalid_layout_value(env_layout: Optional[str], *, mechanism: str, release: str = "") -> Optional[str]:
     """Why vLLM refuses this ``VLLM_KV_CACHE_LAYOUT`` value (None: unset, or a value it accepts): vLLM
     compares the value exactly as written with its list (``VLLM_LAYOUT_VALUES``) and stops with
     ``ValueError: Invalid value '<value>' for VLLM_KV_CACHE_LAYOUT`` where it reads it, with or without
     xlkv.  The fix names the accepted spelling where the value is one up to case and blanks."""
     if env_layout is None:
         return None
-    allowed = VLLM_LAYOUT_VALUES[bool(kv_cache_layouts)]
+    allowed = VLLM_LAYOUT_VALUES[mechanism == "layout"]
     if env_layout in allowed:
         return None
     near = env_layout.strip().upper()
@@ -317,12 +317,12 @@ def pair_served(release, *, local_tp: int, remote_tp: int, replicated: bool = Fa
                 heads_outermost_rows: bool = False, packed_groups: bool = False) -> Decision:
     """Can an engine with xlkv's cross-layer blocks read a peer at ``remote_tp`` on this release (facts
     ``release``): the one answer the NIXL handshake (patches/handshake.py) and ``status`` (model_report.pair,
-    status_report.runtime_refusals) give.  vLLM 0.29+ (``kv_cache_layouts``): whole rows, sliceable where the
+    status_report.runtime_refusals) give.  vLLM 0.29+ (mechanism ``layout``): whole rows, sliceable where the
     engine's rows keep the KV heads outermost (``heads_outermost_rows``); 0.12-0.28: the attention ``backend``'s
     cross-layer block, sliceable where it keeps the heads outermost on this release, never for vLLM's packed
     multi-group rows.  ``replicated``: MLA's latent cache, read whole from one remote rank."""
     ratio = tp_ratio(local_tp, remote_tp)
-    if release.kv_cache_layouts:
+    if release.mechanism == "layout":
         return heterogeneous_tp_supported(cross_layer=True, tp_ratio=ratio, blocks_first=False, whole_row_layout=True,
                                           heads_outermost_rows=heads_outermost_rows, replicated=replicated)
     blocks_first = sliced_by_heads(backend=backend, fa_heads_outermost=release.fa_heads_outermost) is not None
