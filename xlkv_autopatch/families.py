@@ -368,14 +368,15 @@ def sparse_backend(names) -> bool:
     return any(mark in str(n).upper() for n in names for mark in SPARSE_BACKEND_MARKS)
 
 
-def expected_descriptors(model: ModelShape, decision: ModelDecision, *, kv_split: bool) -> Tuple[Optional[int], int]:
+def expected_descriptors(model: ModelShape, decision: ModelDecision, *,
+                         kv_split_regions: bool) -> Tuple[Optional[int], int]:
     """(stock, with the shim) NIXL descriptors per block id of one KV cache group, before NIXL
     merges consecutive blocks.
 
     Stock registers one region per attention layer of a group (two where K and V are separate
-    regions: ``kv_split``, FlashAttention-style layers on vLLM < 0.26; MLA has one latent
+    regions: ``kv_split_regions``, FlashAttention-style layers on vLLM < 0.26; MLA has one latent
     cache); ``model.group_layers`` says how many layers a block id spans.
     """
     layers = model.group_layers
-    stock = None if layers is None else layers * (2 if kv_split and not model.replicated else 1)
+    stock = None if layers is None else layers * (2 if kv_split_regions and not model.replicated else 1)
     return stock, (1 if decision.cross_layer else stock)

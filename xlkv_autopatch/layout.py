@@ -345,19 +345,19 @@ def sliced_by_heads(*, backend: str, fa_heads_outermost: bool) -> Optional[str]:
 
 
 def cross_layer_regions(*, backend: str, whole_rows: bool = False, replicated: bool = False,
-                        kv_split: bool = True) -> int:
+                        kv_split_regions: bool = True) -> int:
     """NIXL regions one block (id) of xlkv's cross-layer layout registers, before NIXL merges neighbours:
     1 for a whole-row layout (vLLM >= 0.29: ``whole_rows``), for a replicated latent cache (MLA: one
     latent page per layer, no K/V split) and for FLASH_ATTN's cross-layer block (K and V inside each
     block, whether or not its KV heads are outermost: 0.23-0.25's registered 1 region per block in the
     supported-releases matrix).  Another backend's block (blocks-first: TRITON_ATTN, FLASHINFER) is 2
-    regions where the release registers K and V apart (``kv_split``, the release table's column:
+    regions where the release registers K and V apart (``kv_split_regions``, the release table's column:
     0.12-0.25; the CPU harness with TRITON_ATTN and XLKV_EQUAL_TP=true registered 2 regions per block on
-    0.21.0), else 1 (0.26.0: 1).  Without the release (``kv_split`` left out) the larger count.  The
+    0.21.0), else 1 (0.26.0: 1).  Without the release (``kv_split_regions`` left out) the larger count.  The
     lab's descriptor limit and ``status --model`` ask it."""
     if whole_rows or replicated or backend == "FLASH_ATTN":
         return 1
-    return 2 if kv_split else 1
+    return 2 if kv_split_regions else 1
 
 
 def kept_for_any_tp(why: str) -> str:

@@ -173,7 +173,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_si
                             "backend vLLM picks splits it into smaller kernel blocks, the engine keeps the stock layout "
                             "(a WARNING at start-up). status cannot know the backend's kernel block before vLLM picks "
                             "it: --kernel-block-size N says what then runs" % block)
-    stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
+    stock, xlkv = families.expected_descriptors(shape, decision, kv_split_regions=release.kv_split_regions)
     if invalid:
         stock = xlkv = None  # nothing is registered: no engine starts
     if kernel_ratio > 1 and isinstance(xlkv, int):
@@ -184,7 +184,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_si
     if kept and decision.cross_layer:
         # 0.12-0.25: a blocks-first backend's cross-layer block keeps K and V apart (2 regions)
         by_backend = {b: stock if kept[b] else layout.cross_layer_regions(
-            backend=b, replicated=shape.replicated, kv_split=release.kv_split_regions)
+            backend=b, replicated=shape.replicated, kv_split_regions=release.kv_split_regions)
                       for b in release.cross_layer_backends}
         if len({n for b, n in by_backend.items() if not kept[b]}) > 1:  # (kept ones have their own note)
             out["notes"].append("NIXL descriptors per block id depend on the attention backend vLLM picks: %s"

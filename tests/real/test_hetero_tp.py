@@ -148,7 +148,7 @@ def test_blocks_first_backend_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_
     # (layout.cross_layer_regions with the release's kv_split_regions column: 2 on 0.20-0.25, 1 on 0.26-0.28)
     from xlkv_autopatch import facts, layout
     predicted = layout.cross_layer_regions(backend="TRITON_ATTN",
-                                           kv_split=facts.facts_for(vllm_env[0]).kv_split_regions)
+                                           kv_split_regions=facts.facts_for(vllm_env[0]).kv_split_regions)
     assert equal["registered"]["descs_per_block_id"] == predicted, (equal["registered"], predicted)
 
 
