@@ -12,7 +12,10 @@ Everything release-dependent is derived from :data:`RELEASES` (read at call time
 
 A new vLLM release whose NIXL code matches the last row is one more row (copy the last line
 and change its release); a release that moved or changed a target needs the column that says
-so.  Standard library only: no packaging, no wrapt, no vLLM.
+so.  A new column is one edit: the column in :data:`TABLE` and its :class:`Release` field (documented
+there, and for a non-boolean column its values); targets select it as ``when={"<column>": ...}`` and
+wrappers read it as ``facts.current().<column>``, under that one name (tests/unit/test_fact_names.py).
+Standard library only: no packaging, no wrapt, no vLLM.
 """
 
 from dataclasses import dataclass
