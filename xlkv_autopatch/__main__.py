@@ -1,5 +1,5 @@
 """Command line: ``python -m xlkv_autopatch status [--json] [--no-resolve] [--model DIR [--tp N] [--pp N]
-[--prefill-tp N --decode-tp M]]``."""
+[--prefill-tp N --decode-tp M] [--block-size N --prefill-block-size M]]``."""
 
 import argparse
 import contextlib
@@ -28,9 +28,15 @@ def main(argv=None):
     st.add_argument("--kernel-block-size", type=int, default=None, metavar="N",
                     help="with --model: the attention kernel's block in tokens, where it is smaller than --block-size "
                          "(vLLM picks it with the attention backend; status cannot know it otherwise)")
+    st.add_argument("--prefill-block-size", type=int, default=None, metavar="N",
+                    help="with --model: the prefill engine's --block-size, where it differs from decode's (--block-size): "
+                         "is that pair served (the NIXL handshake's answer), at how many descriptors per decode block; "
+                         "without --prefill-tp/--decode-tp both sides run at --tp")
     args = parser.parse_args(argv)
     if (args.prefill_tp is None) != (args.decode_tp is None) or (args.prefill_tp and not args.model):
         parser.error("--prefill-tp and --decode-tp go together, with --model")
+    if args.prefill_block_size is not None and not args.model:
+        parser.error("--prefill-block-size goes with --model")
     from . import status_report
 
     # vLLM logs to stdout; keep stdout for the report alone.
@@ -66,9 +72,15 @@ def _add_model(info, args):
         strict = False
     strict = strict and info["flag"]["on"]
     found = model_report.problems(info["model"], strict)
-    if args.prefill_tp is not None:
+    if args.prefill_tp is not None or args.prefill_block_size is not None:
+        if args.prefill_tp is None:
+            args.prefill_tp = args.decode_tp = args.tp
         info["pair"] = pair = model_report.pair(args.model, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp,
-                                                pp=args.pp, use_vllm=bool(info.get("vllm_installed")), **sizes)
+                                                pp=args.pp, use_vllm=bool(info.get("vllm_installed")),
+                                                prefill_block_size=args.prefill_block_size, **sizes)
+        what = "prefill TP %d -> decode TP %d%s" % (args.prefill_tp, args.decode_tp, (
+            ", prefill %d-token -> decode %d-token blocks" % (pair["prefill_block_size"], pair["decode_block_size"])
+            if pair.get("prefill_block_size") else ""))
         stops = {name: model_report.start_up_stop(side, strict) for name, side in pair.get("sides", {}).items()}
         stopped = [name for name, why in stops.items() if why]
         if stopped and not pair.get("error"):
@@ -77,11 +89,10 @@ def _add_model(info, args):
                 "; ".join(stops[n] for n in stopped)), descriptors_per_block_per_remote_rank={"stock": None,
                                                                                                 "xlkv": None})
             if not (info["problems"] or found):  # no PROBLEM line names it yet: this one does
-                found.append("prefill TP %d -> decode TP %d with ENABLE_XLKV on both: %s" % (
-                    args.prefill_tp, args.decode_tp, pair["reason"]))
+                found.append("%s with ENABLE_XLKV on both: %s" % (what, pair["reason"]))
         elif not pair.get("served", False):
-            found.append("prefill TP %d -> decode TP %d with ENABLE_XLKV on both: %s" % (
-                args.prefill_tp, args.decode_tp, info["pair"].get("reason") or info["pair"].get("error")))
+            found.append("%s with ENABLE_XLKV on both: %s" % (
+                what, info["pair"].get("reason") or info["pair"].get("error")))
     info["problems"].extend(found)
     info["ok"] = info["ok"] and not found
 

@@ -330,6 +330,54 @@ def pair_served(release, *, local_tp: int, remote_tp: int, replicated: bool = Fa
                                       packed_groups=packed_groups, replicated=replicated)
 
 
+def block_sizes_served(release, *, local_block_size: int, remote_block_size: int, local_tp: int = 1,
+                       remote_tp: int = 1, mla: bool = False, sliding_window: bool = False,
+                       heads_outermost_rows: bool = True, rows_why_not: Optional[str] = None,
+                       restaged: bool = True) -> Tuple[Decision, Optional[int]]:
+    """Can an engine with xlkv's cross-layer blocks (``local_block_size`` tokens each: the decode side)
+    read a peer whose blocks hold ``remote_block_size`` tokens, on this release (facts ``release``), and
+    at how many NIXL descriptors per local block per remote rank: the one answer the NIXL handshake
+    (patches/handshake.py) and ``status --prefill-block-size`` give.  (Decision, descriptors or None).
+
+    Served (vLLM 0.29+, mechanism ``layout``) where the local block holds a whole number R of remote
+    blocks, prefill TP <= decode TP, the model is not MLA, no KV cache group keeps a sliding window,
+    the local rows are xlkv's heads-outermost ``BHLNC`` rows, one region each whose heads tile them
+    (``heads_outermost_rows``, ``rows_why_not``: why they do not), and the receive restage
+    (patches/block_size_restage.py) is attached (``restaged``): vLLM reads each remote block's rows
+    whole into one of R parts of the local row, R descriptors per local block per remote rank
+    (block_sizes.staged_runs), and the restage puts the tokens in place.  Every other pairing is
+    refused naming why; vLLM itself refuses the first and the third with or without xlkv."""
+    if local_block_size == remote_block_size:
+        return Decision(True, "the same block size on both sides"), 1
+    if local_block_size % remote_block_size:
+        return Decision(False, "vLLM reads a peer's blocks only where this engine's blocks hold a whole number of "
+                               "them, so it refuses %d-token blocks here facing %d-token blocks there with or without "
+                               "xlkv (AssertionError: Local block size %d is not divisible by remote block size %d)"
+                        % (local_block_size, remote_block_size, local_block_size, remote_block_size)), None
+    if release.mechanism != "layout":
+        return Decision(False, "this vLLM's cross-layer block (all layers of a block together) cannot be re-split "
+                               "into the peer's token ranges (vLLM 0.29+ serves it)"), None
+    if remote_tp > local_tp:
+        return Decision(False, "prefill TP %d > decode TP %d: vLLM refuses different block sizes there, with or "
+                               "without xlkv" % (remote_tp, local_tp)), None
+    if mla:
+        return Decision(False, "MLA's %s rows are not restaged on receive" % BLOCK_OUTERMOST_LAYOUT), None
+    if sliding_window:
+        return Decision(False, "a sliding-window KV cache group: vLLM pairs its in-window blocks by position, which "
+                               "with other block sizes cover other tokens (stock vLLM 0.33.0, prefill 16 -> decode 32 "
+                               "tokens: the sliding-window layers' last 32 tokens arrived as zeros)"), None
+    if not heads_outermost_rows or rows_why_not:
+        return Decision(False, "this engine's rows are not xlkv's %s rows, one region each whose KV heads tile them%s"
+                        % (HEADS_OUTERMOST_LAYOUT, (": " + rows_why_not) if rows_why_not else "")), None
+    if not restaged:
+        return Decision(False, "the receive restage of %s rows (block_size_restage.py) is not attached"
+                        % HEADS_OUTERMOST_LAYOUT), None
+    ratio = local_block_size // remote_block_size
+    return Decision(True, "each %d-token remote block is read whole into one of %d parts of a %d-token %s row, "
+                          "which the receive restage puts in token order: %d descriptors per block per remote rank"
+                    % (remote_block_size, ratio, local_block_size, HEADS_OUTERMOST_LAYOUT, ratio)), ratio
+
+
 #: the knob that keeps cross-layer blocks which cannot be sliced by KV heads (vLLM 0.12-0.28)
 EQUAL_TP_KNOB = "XLKV_EQUAL_TP"
 

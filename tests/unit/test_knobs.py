@@ -169,3 +169,36 @@ def test_a_missing_dependency_names_the_activation_path_that_ran(monkeypatch, so
     with pytest.raises(XlkvDependencyError) as e:
         _startup.activate(source)
     assert "pip install 'wrapt>=1.14'" in str(e.value) and says in str(e.value) and never not in str(e.value)
+
+
+@pytest.mark.parametrize("release, knob, says", [
+    ("0.33.0", "XLKV_EQUAL_TP", "it does nothing on vLLM 0.33: xlkv's heads-outermost BHLNC rows serve any TP"),
+    ("0.14.1", "XLKV_DETOK_TAIL", "it does nothing on vLLM 0.14: its detokenizer primes no prompt"),
+])
+def test_start_up_warns_once_about_a_knob_that_does_nothing_on_this_release(monkeypatch, caplog, release, knob, says):
+    """The run says what status says (status_report.no_effect): a knob set on that this release ignores is one
+    WARNING per process; the same knob on a release where it acts, and any knob with the flag off, say nothing."""
+    from xlkv_autopatch import facts, logs
+
+    monkeypatch.setattr("xlkv_autopatch.registry.REGISTRY.install", lambda **kw: None)
+    monkeypatch.setattr(logs, "_seen", set())
+    monkeypatch.setenv(knob, "true")
+    monkeypatch.setenv("XLKV_VLLM_VERSION", release)
+    facts.reset()
+    try:
+        with caplog.at_level("WARNING", logger="vllm.xlkv_autopatch"):
+            assert _startup.activate("test") is False and caplog.records == []  # flag off: nothing
+            monkeypatch.setenv("ENABLE_XLKV", "1")
+            assert _startup.activate("test") is True and _startup.activate("again") is True
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warnings == [w for w in warnings if w.startswith("xlkv_autopatch: %s is set, but %s" % (knob, says))]
+        assert len(warnings) == 1, warnings
+        caplog.clear()
+        monkeypatch.setattr(logs, "_seen", set())
+        monkeypatch.setenv("XLKV_VLLM_VERSION", "0.26.0")  # both knobs act on 0.26
+        facts.reset()
+        with caplog.at_level("WARNING", logger="vllm.xlkv_autopatch"):
+            assert _startup.activate("test") is True
+        assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+    finally:
+        facts.reset()

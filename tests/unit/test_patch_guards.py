@@ -61,6 +61,44 @@ def test_block_size_mismatch_refused(release):
     assert handshake.validate_wrapper(ok, worker(), (meta(), 0, 1), {}) == "original ran"
 
 
+def test_different_block_sizes_served_where_decode_blocks_hold_whole_prefill_blocks(release):
+    """vLLM 0.29+: xlkv's heads-outermost rows whose receive restage is attached read a peer whose blocks
+    divide this engine's (decode TP >= prefill TP); every other pairing is refused naming why."""
+    release("0.33.0")
+    rows = dict(_xlkv_cross_layer=False, kv_cache_layout="BHLNC", block_len_per_layer=[1], block_size=32)
+    remote = dict(kv_caches_base_addr=[1], kv_cache_layout="BHLNC")
+    w = worker(**rows)
+    _state.mark_heads_outermost(w)
+    with pytest.raises(XlkvMismatchError, match="receive restage .* is not attached"):
+        handshake.validate_wrapper(ok, w, (meta(block_size=16, **remote), 0, 1), {})
+    _state.mark_restages(w)
+    for remote_bs in (16, 8):  # 2 and 4 prefill blocks per decode block
+        assert handshake.validate_wrapper(ok, w, (meta(block_size=remote_bs, **remote), 0, 1), {}) == "original ran"
+    with pytest.raises(XlkvMismatchError, match="refuses 32-token blocks here facing 64-token blocks there"):
+        handshake.validate_wrapper(ok, w, (meta(block_size=64, **remote), 0, 1), {})
+    with pytest.raises(XlkvMismatchError, match="prefill TP 2 > decode TP 1"):
+        handshake.validate_wrapper(ok, w, (meta(block_size=16, **remote), 0, 2), {})
+    two = worker(world_size=2, **rows)  # decode TP 2 from prefill TP 1: served, the heads sliced
+    _state.mark_heads_outermost(two)
+    _state.mark_restages(two)
+    assert handshake.validate_wrapper(ok, two, (meta(block_size=16, **remote), 0, 1), {}) == "original ran"
+    padded = worker(**rows)
+    _state.mark_heads_outermost(padded, "the row is padded")
+    _state.mark_restages(padded)
+    with pytest.raises(XlkvMismatchError, match="one region each whose KV heads tile them: the row is padded"):
+        handshake.validate_wrapper(ok, padded, (meta(block_size=16, **remote), 0, 1), {})
+    window = types.SimpleNamespace(kv_cache_spec=types.SimpleNamespace(sliding_window=128))
+    full = types.SimpleNamespace(kv_cache_spec=types.SimpleNamespace(sliding_window=None))
+    hybrid = worker(kv_cache_config=types.SimpleNamespace(kv_cache_groups=[window, full]), **rows)
+    _state.mark_heads_outermost(hybrid)
+    _state.mark_restages(hybrid)
+    with pytest.raises(XlkvMismatchError, match="a sliding-window KV cache group"):
+        handshake.validate_wrapper(ok, hybrid, (meta(block_size=16, **remote), 0, 1), {})
+    release("0.26.0")  # a cross-layer block of 0.12-0.28: refused whatever the sizes
+    with pytest.raises(XlkvMismatchError, match="cannot be re-split into the peer's token ranges"):
+        handshake.validate_wrapper(ok, worker(block_size=32), (meta(block_size=16), 0, 1), {})
+
+
 def test_stock_worker_is_not_checked(release):
     w = worker(_xlkv_cross_layer=False)
     assert handshake.validate_wrapper(ok, w, (meta(block_size=32), 0, 1), {}) == "original ran"

@@ -160,6 +160,8 @@ PINNED_GROUPS = [
     "    handshake.handshake_wrapper params=self,host,port,remote_tp_size,...",
     "  block_count.register_kv_caches method KC.v1.nixl.base_worker:NixlBaseConnectorWorker.register_kv_caches",
     "    block_count.register_wrapper params=self,kv_caches",
+    "  block_size_restage.receive method KC.v1.nixl.base_worker:NixlBaseConnectorWorker.post_process_device_kv_on_receive",
+    "    block_size_restage.receive_wrapper params=self,block_size_ratio,block_ids_list,convert",
     "guard >=0 on KC.factory always",
     "  kv_connector_factory.guard classmethod KC.factory:KVConnectorFactory.create_connector",
     "    kv_connector_factory.factory_wrapper",

@@ -346,3 +346,51 @@ def test_status_model_says_it_cannot_know_the_kernel_block(status):
     rc, info = status("0.33.0", "llama-70b", ENABLE_XLKV="true")
     assert any(n.startswith("assumes the attention kernel block is the KV block (16 tokens)") and
                "--kernel-block-size N says what then runs" in n for n in info["model"]["notes"]), info["model"]
+
+
+@pytest.mark.parametrize("vllm, name, args, served, per_rank, words", [
+    # decode blocks a multiple of prefill blocks: R descriptors per decode block per remote rank (stock: R per layer)
+    ("0.33.0", "llama-70b", ("--tp", "4", "--block-size", "32", "--prefill-block-size", "16"), True,
+     {"stock": 160, "xlkv": 2}, "read whole into one of 2 parts"),
+    ("0.29.0", "llama-70b", ("--prefill-tp", "1", "--decode-tp", "2", "--block-size", "64", "--prefill-block-size",
+                             "16"), True, {"stock": 320, "xlkv": 4}, "4 descriptors per block per remote rank"),
+    ("0.33.0", "llama-70b", ("--tp", "4", "--block-size", "16", "--prefill-block-size", "32"), False,
+     {"stock": None, "xlkv": None}, "refuses 16-token blocks here facing 32-token blocks there"),
+    ("0.33.0", "llama-70b", ("--prefill-tp", "2", "--decode-tp", "1", "--block-size", "32", "--prefill-block-size",
+                             "16"), False, {"stock": None, "xlkv": None}, "prefill TP 2 > decode TP 1"),
+    ("0.33.0", "gpt-oss", ("--block-size", "32", "--prefill-block-size", "16"), False,
+     {"stock": None, "xlkv": None}, "a sliding-window KV cache group"),
+    ("0.33.0", "deepseek-v3", ("--block-size", "32", "--prefill-block-size", "16"), False,
+     {"stock": None, "xlkv": None}, "MLA's BLNHC rows"),
+    ("0.26.0", "llama-70b", ("--tp", "4", "--block-size", "32", "--prefill-block-size", "16"), False,
+     {"stock": None, "xlkv": None}, "cannot be re-split"),
+])
+def test_status_for_different_block_sizes(status, vllm, name, args, served, per_rank, words):
+    rc, info = status(vllm, name, *args)
+    pair = info["pair"]
+    assert pair["served"] is served and words in pair["reason"], pair["reason"]
+    assert pair["descriptors_per_block_per_remote_rank"] == per_rank, pair
+    assert rc == (0 if served else 1)
+    assert served or any("-token -> decode" in p and words in p for p in info["problems"]), info["problems"]
+
+
+def test_status_and_the_handshake_give_one_block_size_answer(status, monkeypatch):
+    """The handshake's refusal names the reason status gives for the same pairing (one decision)."""
+    import types
+
+    from xlkv_autopatch.errors import XlkvMismatchError
+    from xlkv_autopatch.patches import _state, handshake
+
+    for d_bs, p_bs in ((16, 32), (48, 32)):
+        _rc, info = status("0.33.0", "llama-70b", "--tp", "4", "--block-size", str(d_bs), "--prefill-block-size",
+                           str(p_bs))
+        monkeypatch.setenv("XLKV_VLLM_VERSION", "0.33.0")
+        facts.reset()
+        w = types.SimpleNamespace(block_size=d_bs, world_size=4, kv_cache_layout="BHLNC", block_len_per_layer=[1])
+        _state.mark_heads_outermost(w)
+        _state.mark_restages(w)
+        meta = types.SimpleNamespace(block_size=p_bs, engine_id="p", kv_caches_base_addr=[1], kv_cache_layout="BHLNC")
+        with pytest.raises(XlkvMismatchError) as e:
+            handshake.validate_wrapper(lambda *a, **k: None, w, (meta, 0, 4), {})
+        assert info["pair"]["reason"].split("refused: ", 1)[1] in str(e.value)
+        facts.reset()

@@ -20,15 +20,15 @@ from typing import Callable, Optional
 
 from .. import releases
 from ..specs import PatchGroup
-from . import (_kvcached, block_contiguous, block_count, compat_hash, cross_layer_preference, cross_layer_registration,
-               handshake, incremental_detokenizer, kv_cache_layout, kv_connector_factory, model_runner,
+from . import (_kvcached, block_contiguous, block_count, block_size_restage, compat_hash, cross_layer_preference,
+               cross_layer_registration, handshake, incremental_detokenizer, kv_cache_layout, kv_connector_factory, model_runner,
                multi_connector, packed_kv_cache_config, page_contiguous, transfer_order)
 
 #: the patch modules, in the order a group lists their targets (a NIXL set: NixlConnector's, the
 #: compatibility hash, then the worker's)
 MODULES = (kv_cache_layout, page_contiguous, block_contiguous, cross_layer_preference, cross_layer_registration,
            compat_hash, handshake, block_count, packed_kv_cache_config, model_runner, multi_connector,
-           kv_connector_factory, transfer_order, incremental_detokenizer)
+           kv_connector_factory, transfer_order, incremental_detokenizer, block_size_restage)
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,17 @@ def strict():
     return knob("XLKV_STRICT")
 
 
-def fallback(key, reason, *, chosen=False):
+def fallback(key, reason, *, chosen=False, fix=None):
     """ENABLE_XLKV is on but this configuration keeps the stock layout.
 
     One WARNING per process and cause (``chosen``: an INFO line, where xlkv keeps the stock layout
     by design, so that every TP pairing is served: layout.kept_for_any_tp); with XLKV_STRICT=1 an
-    error instead.  The reason is remembered, so a handshake refusal can name it.
+    error instead.  The reason is remembered, so a handshake refusal can name it; ``fix``, where one
+    setting brings xlkv's layout back, ends the line (it is not part of the remembered reason).
     """
     message = "ENABLE_XLKV is set but the stock per-layer KV layout is kept: %s" % reason
+    if fix:
+        message += ". To run xlkv's layout: %s" % fix
     _state.note_stock_reason(reason)
     if strict():
         raise XlkvError("xlkv_autopatch: %s (XLKV_STRICT=1 makes this an error; unset XLKV_STRICT to run "

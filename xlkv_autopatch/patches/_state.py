@@ -126,6 +126,21 @@ def heads_outermost(worker):
     return value is True, (None if value is True else value)
 
 
+#: set on a worker by the receive restage (patches/block_size_restage.py, vLLM 0.29+): it permutes each
+#: received heads-outermost row from a peer with smaller blocks into token order before vLLM's own
+#: receive post-processing, so that the peer's blocks may be read whole into parts of this worker's rows
+RESTAGE_MARK = "_xlkv_restages_rows"
+
+
+def mark_restages(worker):
+    setattr(worker, RESTAGE_MARK, True)
+
+
+def restages(worker):
+    """Does this worker restage received rows (block_size_restage.py attached to it)?"""
+    return getattr(worker, RESTAGE_MARK, False) is True
+
+
 def describe_hash(value):
     return KNOWN.get(value)
 

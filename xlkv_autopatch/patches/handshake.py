@@ -3,10 +3,12 @@
 Why
     A handshake between a cross-layer side and a per-layer side must fail with a message
     that names the cause; so must configurations the cross-layer layout cannot serve
-    correctly: a different block size on prefill and decode (a cross-layer row cannot be
-    re-split into other token ranges) and heterogeneous TP where a block cannot be sliced
-    by heads (blocks-first backends, vLLM >= 0.29 token-major BLNHC rows and heads-outermost
-    rows whose heads do not tile the row, 0.24-0.28's packed multi-group layout that
+    correctly: a different block size on prefill and decode (served on 0.29+ where decode
+    blocks hold a whole number of prefill blocks and block_size_restage.py restages the
+    received heads-outermost rows, layout.block_sizes_served; vLLM itself refuses the other
+    direction) and heterogeneous TP where a block cannot be sliced by heads (blocks-first
+    backends, vLLM >= 0.29 token-major BLNHC rows and heads-outermost rows whose heads do
+    not tile the row, 0.24-0.28's packed multi-group layout that
     packed_kv_cache_config.py turns on).
 How
     ``_nixl_handshake`` is wrapped: vLLM's "NIXL compatibility hash mismatch" error is
@@ -261,7 +263,28 @@ def _logical_block_size(worker):
     return value if isinstance(value, int) else None
 
 
-def _block_size_refusal(meta, local_bs, remote_bs, logical):
+def _block_sizes_served(instance, f, local_bs, remote_bs, local_tp, remote_tp):
+    """None where this worker reads a peer whose blocks hold other token counts, else why not:
+    layout.block_sizes_served (which ``status --prefill-block-size`` asks too) with what this worker
+    knows: MLA, its KV cache groups, its heads-outermost rows (page_contiguous.py) and whether the
+    receive restage (block_size_restage.py) marked it."""
+    sliceable, why_not = _state.heads_outermost(instance)
+    decision, _descriptors = layout.block_sizes_served(
+        f, local_block_size=local_bs, remote_block_size=remote_bs, local_tp=local_tp, remote_tp=remote_tp,
+        mla=bool(getattr(instance, "use_mla", False)), sliding_window=bool(_sliding_window_groups(instance)),
+        heads_outermost_rows=sliceable or bool(why_not), rows_why_not=why_not, restaged=_state.restages(instance))
+    return None if decision.use else decision.reason
+
+
+def _sliding_window_groups(instance):
+    """The KV cache groups of this worker's engine that keep a sliding window (vLLM's NIXL scheduler
+    sends only their in-window tail)."""
+    config = getattr(instance, "kv_cache_config", None)
+    return [g for g in getattr(config, "kv_cache_groups", None) or ()
+            if getattr(getattr(g, "kv_cache_spec", None), "sliding_window", None)]
+
+
+def _block_size_refusal(meta, local_bs, remote_bs, logical, why):
     engine = getattr(meta, "engine_id", "?")
     if logical is not None and logical != local_bs:
         here = "KV blocks of %d tokens (--block-size), split by the attention kernel into %d-token blocks" % (
@@ -270,10 +293,10 @@ def _block_size_refusal(meta, local_bs, remote_bs, logical):
         here = "%d-token KV blocks" % local_bs
     return XlkvMismatchError(
         "xlkv_autopatch: NIXL handshake refused: the remote engine %s registers %s-token blocks with NIXL, this engine "
-        "%s. A cross-layer block cannot be re-split into other token ranges. Where --block-size is the same on both "
-        "sides, the attention kernel block differs: a different attention backend (or kernel block size) on one "
-        "side. Fix: the same --block-size and the same attention backend on prefill and decode, or unset ENABLE_XLKV "
-        "on both" % (engine, remote_bs, here))
+        "%s: %s. Where --block-size is the same on both sides, the attention kernel block differs: a different "
+        "attention backend (or kernel block size) on one side. Fix: decode blocks a multiple of prefill blocks "
+        "(vLLM 0.29+), the same --block-size and the same attention backend on prefill and decode, or unset "
+        "ENABLE_XLKV on both" % (engine, remote_bs, here, why))
 
 
 def _layout_refusal(instance, meta, cross, f):
@@ -329,9 +352,11 @@ def validate_wrapper(wrapped, instance, args, kwargs):
     if cross:
         local_bs = getattr(instance, "block_size", None)
         remote_bs = getattr(meta, "block_size", None)
-        if local_bs is not None and remote_bs is not None and local_bs != remote_bs:
-            raise _block_size_refusal(meta, local_bs, remote_bs, _logical_block_size(instance))
         local_tp = _local_tp(instance)
+        if local_bs is not None and remote_bs is not None and local_bs != remote_bs:
+            why = _block_sizes_served(instance, f, local_bs, remote_bs, local_tp, remote_tp)
+            if why is not None:
+                raise _block_size_refusal(meta, local_bs, remote_bs, _logical_block_size(instance), why)
         if remote_tp and remote_tp != local_tp:
             decision, slicing = _hetero_tp(instance, f, local_tp, remote_tp)
             if not decision.use:

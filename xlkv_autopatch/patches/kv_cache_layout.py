@@ -45,6 +45,8 @@ from ._fallback import fallback
 #: get_required_kvcache_layout's parameters after cls, bound by name
 LAYOUT_ARGS = ("vllm_config",)
 
+HOST_BUFFER = "host-buffer mode (kv_buffer_device=cpu) copies per layer"
+
 
 def _exclusion(vllm_config):
     """Engine settings that keep the stock layout whatever the model (host-buffer copies, a
@@ -54,8 +56,18 @@ def _exclusion(vllm_config):
         from vllm.platforms import current_platform
 
         if current_platform.device_type != "cpu":
-            return "host-buffer mode (kv_buffer_device=cpu) copies per layer"
+            return HOST_BUFFER
     return _kernel_split(vllm_config)
+
+
+def _exclusion_fix(reason):
+    """The setting that brings xlkv's layout back for an engine setting that keeps the stock one."""
+    split = layout.kernel_split_of(reason)
+    if split:
+        return ("set --block-size %d (the attention kernel block) on prefill and decode" % split[0])
+    if reason == HOST_BUFFER:
+        return "leave kv_buffer_device out of --kv-transfer-config on prefill and decode (device buffers)"
+    return None
 
 
 def _kernel_split(vllm_config):
@@ -88,7 +100,7 @@ def layout_wrapper(wrapped, cls, args, kwargs):
         return stock
     excluded = _exclusion(vllm_config)
     if excluded:
-        fallback(excluded, excluded)
+        fallback(excluded, excluded, fix=_exclusion_fix(excluded))
         return stock
     decision = layout.layout_decision(stock=stock, env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if not decision.use:

@@ -43,7 +43,8 @@ How
     registration); on ``BHLNC`` one region of one row must have been registered and the heads must
     tile the row (``layout.heads_tile_row`` from the views' head
     stride and page offsets): the worker is marked heads-outermost, which handshake.py needs to
-    serve heterogeneous TP; where they do not (padding, uneven groups), equal TP is served and
+    serve heterogeneous TP, and block_size_restage.attach marks it for the receive restage (a
+    peer with smaller blocks); where they do not (padding, uneven groups), equal TP is served and
     heterogeneous TP refused with that cause (an INFO line says so at start-up).  (3) Before the
     call, an explicit ``VLLM_KV_CACHE_LAYOUT`` (which vLLM reads before it asks the connector, so
     kv_cache_layout.py never runs) is said: a stock layout with a WARNING (XLKV_STRICT=1: an
@@ -63,7 +64,7 @@ from .. import facts, layout
 from ..errors import XlkvRegistrationError
 from ..logs import info_once
 from ..specs import NIXL_CONNECTOR_MODULE, Target
-from . import _model, _state
+from . import _model, _state, block_size_restage
 from ._args import bind
 from ._fallback import explicit_layout
 
@@ -199,6 +200,7 @@ def register_wrapper(wrapped, instance, args, kwargs):
             heads_tiling(kv_caches)
         _state.mark_heads_outermost(worker, why)
         if why is None:
+            block_size_restage.attach(worker, kv_caches)  # a peer with smaller blocks: its rows restaged
             info_once("heads-outermost", "%s rows of %d bytes, one NIXL region, the KV heads outermost in each row: "
                       "any prefill/decode TP pairing that vLLM serves reads 1 descriptor per block per remote rank",
                       kv_layout, row)
