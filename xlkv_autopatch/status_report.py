@@ -245,7 +245,7 @@ def runtime_refusals(f):
                        "; %s keeps cross-layer blocks and is served (%s)" % ("/".join(allowed),
                                                                             decisions[allowed[0]].reason)
                        if allowed else ""))
-    if f.kv_cache_layouts:
+    if f.mechanism == "layout":
         out.append("heterogeneous TP where this engine's %s block rows are padded, or its KV cache groups hold "
                    "different layer counts (its heads then do not tile each row; an INFO line at start-up says so): "
                    "the handshake is refused; vLLM itself refuses prefill TP > decode TP where prefill TP exceeds the "
@@ -255,10 +255,10 @@ def runtime_refusals(f):
         out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups) packed by "
                    "xlkv, which it does only with %s=true: the handshake is refused (%s); without it the hybrid keeps "
                    "the stock layout and every pairing is served" % (layout.EQUAL_TP_KNOB, packed.reason))
-    if f.budget_block_count and f.kv_cache_layouts:
+    if f.budget_block_count and f.mechanism == "layout":
         out.append("KV tensors holding more blocks than the scheduler's budget (an over-allocating allocator such as "
                    "kvcached): registration with NIXL is refused at start-up")
-    if not f.kv_cache_layouts:
+    if f.mechanism != "layout":
         out.append("KV tensors that disagree on their block count: registration with NIXL is refused at start-up")
     return out
 
@@ -283,10 +283,10 @@ def no_effect(name, f, flag_state_, environ=None):
 
     if knob_state(name, environ) != "on" or name == FLAG:
         return None
-    if name == layout.EQUAL_TP_KNOB and f.kv_cache_layouts:
+    if name == layout.EQUAL_TP_KNOB and f.mechanism == "layout":
         return ("it does nothing on vLLM %s: xlkv's heads-outermost %s rows serve any TP pairing (it acts on vLLM "
                 "%s only)" % (_release_text(f), layout.HEADS_OUTERMOST_LAYOUT,
-                              _span_of(lambda x: not x.kv_cache_layouts)))
+                              _span_of(lambda x: x.mechanism != "layout")))
     if name in ("XLKV_DETOK_TAIL",):
         if not f.detokenizer_primes_prompt:
             return ("it does nothing on vLLM %s: its detokenizer primes no prompt (it acts on vLLM %s)"
@@ -301,7 +301,7 @@ def invalid_layout_problem(f, environ=None):
     from . import layout
 
     env = os.environ if environ is None else environ
-    return layout.invalid_layout_value(env.get("VLLM_KV_CACHE_LAYOUT"), kv_cache_layouts=f.kv_cache_layouts,
+    return layout.invalid_layout_value(env.get("VLLM_KV_CACHE_LAYOUT"), mechanism=f.mechanism,
                                        release=_release_text(f))
 
 
@@ -311,7 +311,7 @@ def explicit_layout_problem(f, state):
     from . import layout
     from .flag import knob
 
-    if state != "on" or not f.kv_cache_layouts:
+    if state != "on" or f.mechanism != "layout":
         return None
     decision = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if decision is None or decision.use:
