@@ -9,11 +9,13 @@ Pure Python: no vLLM import (the version comes from package metadata, see
 :mod:`xlkv_autopatch.versions`).
 """
 
+import os
 import threading
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
 from . import releases, versions
+from .flag import FLAG, knob_state
 
 
 @dataclass(frozen=True)
@@ -53,3 +55,35 @@ def reset():
     global _current
     with _lock:
         _current = None
+
+
+def release_text(f):
+    """The release of facts ``f`` as "0.33"."""
+    return "%d.%d" % f.release[:2]
+
+
+def span_of(predicate):
+    """The table's releases where ``predicate(facts)`` holds, as "0.12-0.21" runs."""
+    rows = releases.runs(lambda r: predicate(facts_for(r.release)) or None)
+    return ", ".join(rs[0].release if len(rs) == 1 else "%s-%s" % (rs[0].release, rs[-1].release) for rs in rows)
+
+
+def knob_no_effect(name, f, flag_state_, environ=None):
+    """Why knob ``name``, set on, does nothing on the release of facts ``f`` with the flag as set (None: it
+    acts, or it is not on).  ``status`` prints it beside the knob, and start-up logs it (_startup.py): the run
+    and status say the same."""
+    from . import layout
+
+    if knob_state(name, environ) != "on" or name == FLAG:
+        return None
+    if name == layout.EQUAL_TP_KNOB and f.mechanism == "layout":
+        return ("it does nothing on vLLM %s: xlkv's heads-outermost %s rows serve any TP pairing (it acts on vLLM "
+                "%s only)" % (release_text(f), layout.HEADS_OUTERMOST_LAYOUT,
+                              span_of(lambda x: x.mechanism != "layout")))
+    if name in ("XLKV_DETOK_TAIL",):
+        if not f.detokenizer_primes_prompt:
+            return ("it does nothing on vLLM %s: its detokenizer primes no prompt (it acts on vLLM %s)"
+                    % (release_text(f), span_of(lambda x: x.detokenizer_primes_prompt)))
+    if flag_state_ != "on" and ((os.environ if environ is None else environ).get(name) or "").strip():
+        return "it does nothing while ENABLE_XLKV is not on (the shim is not active)"
+    return None

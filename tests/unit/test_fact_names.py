@@ -16,8 +16,8 @@ PKG = os.path.dirname(os.path.abspath(releases.__file__))
 SOURCES = {"current", "facts_for", "row_for"}
 #: parameters that hold a release row or its facts, by the names the package gives them
 PARAMS = {"f", "row", "release"}
-#: calls whose lambda argument receives a release row or facts (releases.runs, status_report._span_of)
-ROW_CALLS = {"runs", "_span_of"}
+#: calls whose lambda argument receives a release row or facts (releases.runs, facts.span_of)
+ROW_CALLS = {"runs", "span_of"}
 
 
 def columns():

@@ -292,7 +292,7 @@ def _block_size_refusal(meta, local_bs, remote_bs, logical, why, f):
     else:
         here = "%d-token KV blocks" % local_bs
     # the fix by cause: a multiple helps only where the direction is the refused part on a release that serves it
-    multiple = ("decode blocks a multiple of prefill blocks, " if f.kv_cache_layouts and local_bs % remote_bs
+    multiple = ("decode blocks a multiple of prefill blocks, " if f.mechanism == "layout" and local_bs % remote_bs
                 else "")
     return XlkvMismatchError(
         "xlkv_autopatch: NIXL handshake refused: the remote engine %s registers %s-token blocks with NIXL, this engine "
