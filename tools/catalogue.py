@@ -22,7 +22,7 @@ END = "<!-- end of the patch catalogue -->"
 MECH_START = "<!-- mechanisms: python3 tools/catalogue.py --write renders it from the release table -->"
 MECH_END = "<!-- end of the mechanisms -->"
 
-#: (mechanism, runner_v1[, packed]) of a run of release-table rows -> (name, what the shim changes there)
+#: (mechanism, runner_v1[, packed_groups]) of a run of release-table rows -> (name, what the shim changes there)
 MECHANISM_TEXT = {
     ("backport", False): (
         "backport", "`NixlConnector.prefer_cross_layer_blocks` (upstream guards: FLASH_ATTN/FLASHINFER, HND, one KV "
@@ -103,15 +103,15 @@ def render():
 
 
 def render_mechanisms():
-    """Which mechanism applies to which releases: runs of rows with the same (mechanism, runner_v1, packed),
+    """Which mechanism applies to which releases: runs of rows with the same (mechanism, runner_v1, packed_groups),
     after a first line for the releases the shim refuses."""
     rows = releases.RELEASES
     major, first = releases.minor(rows[0].release)
     lines = ["| vLLM | mechanism | what the shim changes |", "|---|---|---|",
              "| %d.%d.x and older, %s+ | — | refuses to start with `ENABLE_XLKV` set (unsupported release) |"
              % (major, first - 1, releases.span(rows[-1], rows[-1]).split("<")[1])]
-    for run in releases.runs(lambda r: (r.mechanism, r.runner_v1, r.packed)):
-        key = (run[0].mechanism, run[0].runner_v1) + ((True,) if run[0].packed else ())
+    for run in releases.runs(lambda r: (r.mechanism, r.runner_v1, r.packed_groups)):
+        key = (run[0].mechanism, run[0].runner_v1) + ((True,) if run[0].packed_groups else ())
         name, what = MECHANISM_TEXT[key]
         rels = run[0].release if len(run) == 1 else "%s–%s" % (run[0].release, run[-1].release)
         lines.append("| %s | %s | %s |" % (rels, name, what))

@@ -72,13 +72,12 @@ def activate(source):
 def _warn_inert_knobs(logs):
     """A knob set on that does nothing on this vLLM release (XLKV_EQUAL_TP on 0.29+, XLKV_DETOK_TAIL where the
     detokenizer primes no prompt): one WARNING per process, in the words ``status`` prints for it
-    (status_report.no_effect: the run and status say the same)."""
-    from .facts import current
+    (facts.knob_no_effect: the run and status say the same)."""
+    from .facts import current, knob_no_effect
     from .flag import KNOBS
-    from .status_report import no_effect
 
     for k in KNOBS:
-        why = no_effect(k.name, current(), "on")
+        why = knob_no_effect(k.name, current(), "on")
         if why and logs.once(("no-effect", k.name)):
             logs.logger.warning("xlkv_autopatch: %s is set, but %s", k.name, why)
 

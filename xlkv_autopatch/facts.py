@@ -2,52 +2,31 @@
 
 The patch wrappers ask :func:`current` instead of comparing version numbers themselves.  The
 facts are the columns of the release's row in :mod:`xlkv_autopatch.releases` (which also
-derives the patch groups' targets); this module names them for the wrappers and caches them.
+derives the patch groups' targets), under the same names: ``current().has_compat_hash`` is the
+row's ``has_compat_hash`` column, ``current().mechanism == "layout"`` its ``mechanism``.  This
+module only caches them and puts the installed version in ``release``.
 Pure Python: no vLLM import (the version comes from package metadata, see
 :mod:`xlkv_autopatch.versions`).
 """
 
+import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
 from . import releases, versions
+from .flag import FLAG, knob_state
 
 
 @dataclass(frozen=True)
-class ReleaseFacts:
+class ReleaseFacts(releases.Release):
+    """A release table row (:class:`xlkv_autopatch.releases.Release`, every column under its name) for
+    one installed vLLM: ``release`` is that vLLM's (major, minor, micro), not the row's "0.12"."""
+
     release: Tuple[int, int, int]
-    #: the NIXL handshake compares a compatibility hash (0.13+; 0.12 compares nothing)
-    has_compat_hash: bool
-    #: the worker registers ``kv_cache_config.num_blocks`` (times the kernel ratio) and
-    #: asserts the tensors hold exactly that (0.18+)
-    budget_block_count: bool
-    #: KV layouts chosen once per engine (``get_required_kvcache_layout``), no
-    #: cross-layer-block API (0.29+)
-    kv_cache_layouts: bool
-    #: a FlashAttention cross-layer block keeps heads outermost, so vLLM's heterogeneous-TP
-    #: slicing stays correct (0.12-0.22 and 0.26-0.28; 0.23-0.25 treat FA as blocks-first)
-    fa_heads_outermost: bool
-    #: backends upstream's cross-layer guard accepts
-    cross_layer_backends: Tuple[str, ...]
-    #: the worker's ``get_finished`` post-processes a failed receive like a finished one and
-    #: looks its remote engine up, which a refused handshake never recorded (0.12-0.21: a
-    #: KeyError that ends the worker; 0.22+ skip failed receives)
-    failed_recv_looks_up_engine: bool = False
-    #: a FlashAttention-style layer's K and V are two NIXL regions in the stock layout
-    #: (0.12-0.25; one region per layer from 0.26)
-    kv_split_regions: bool = False
-    #: vLLM's packed multi-group KV allocation (``kv_cache_utils._use_packed_kv_cache_config``,
-    #: enable_cross_layers_blocks with several KV cache groups), registered as one NIXL region (0.24-0.28)
-    packed_groups: bool = False
-    #: MLA backends whose cross-layer blocks xlkv turns on (0.26-0.28; empty elsewhere)
-    mla_cross_layer_backends: Tuple[str, ...] = ()
-    #: a KV connector turns vLLM's hybrid KV cache manager off by default, so a sliding-window
-    #: hybrid is planned as one KV cache group (0.12-0.21)
-    connector_turns_hma_off: bool = False
-    #: FastIncrementalDetokenizer primes its DecodeStream with the whole prompt, decoded when the first
-    #: token reaches the API server (0.17+): what XLKV_DETOK_TAIL shortens
-    detokenizer_primes_prompt: bool = False
+
+    def __post_init__(self):
+        pass  # the row was checked when the table was parsed; tests replace() single facts
 
 
 def facts_for(release):
@@ -55,20 +34,7 @@ def facts_for(release):
     in the release table (releases older than the table get its first row, newer ones its last)."""
     rel = versions.release_tuple(release) if not isinstance(release, tuple) else (tuple(release) + (0, 0, 0))[:3]
     row = releases.row_for(rel)
-    return ReleaseFacts(
-        release=rel,
-        has_compat_hash=row.hs_hash,
-        budget_block_count=row.budget,
-        kv_cache_layouts=row.mechanism == "layout",
-        fa_heads_outermost=row.fa_heads,
-        cross_layer_backends=releases.BACKENDS[row.backends],
-        failed_recv_looks_up_engine=row.recv_lookup,
-        kv_split_regions=row.kv_split,
-        packed_groups=row.packed,
-        mla_cross_layer_backends=releases.MLA_BACKENDS[row.mla] if row.mla else (),
-        connector_turns_hma_off=row.hma_off,
-        detokenizer_primes_prompt=row.prime,
-    )
+    return ReleaseFacts(**dict({f.name: getattr(row, f.name) for f in fields(row)}, release=rel))
 
 
 _lock = threading.Lock()
@@ -89,3 +55,35 @@ def reset():
     global _current
     with _lock:
         _current = None
+
+
+def release_text(f):
+    """The release of facts ``f`` as "0.33"."""
+    return "%d.%d" % f.release[:2]
+
+
+def span_of(predicate):
+    """The table's releases where ``predicate(facts)`` holds, as "0.12-0.21" runs."""
+    rows = releases.runs(lambda r: predicate(facts_for(r.release)) or None)
+    return ", ".join(rs[0].release if len(rs) == 1 else "%s-%s" % (rs[0].release, rs[-1].release) for rs in rows)
+
+
+def knob_no_effect(name, f, flag_state_, environ=None):
+    """Why knob ``name``, set on, does nothing on the release of facts ``f`` with the flag as set (None: it
+    acts, or it is not on).  ``status`` prints it beside the knob, and start-up logs it (_startup.py): the run
+    and status say the same."""
+    from . import layout
+
+    if knob_state(name, environ) != "on" or name == FLAG:
+        return None
+    if name == layout.EQUAL_TP_KNOB and f.mechanism == "layout":
+        return ("it does nothing on vLLM %s: xlkv's heads-outermost %s rows serve any TP pairing (it acts on vLLM "
+                "%s only)" % (release_text(f), layout.HEADS_OUTERMOST_LAYOUT,
+                              span_of(lambda x: x.mechanism != "layout")))
+    if name in ("XLKV_DETOK_TAIL",):
+        if not f.detokenizer_primes_prompt:
+            return ("it does nothing on vLLM %s: its detokenizer primes no prompt (it acts on vLLM %s)"
+                    % (release_text(f), span_of(lambda x: x.detokenizer_primes_prompt)))
+    if flag_state_ != "on" and ((os.environ if environ is None else environ).get(name) or "").strip():
+        return "it does nothing while ENABLE_XLKV is not on (the shim is not active)"
+    return None

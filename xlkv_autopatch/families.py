@@ -244,7 +244,7 @@ def decide(model: ModelShape, release, *, equal_tp: bool = False) -> ModelDecisi
     """What the shim does for this model shape on a release (``release``: its
     :class:`xlkv_autopatch.facts.ReleaseFacts`, whole).
 
-    The release's columns that count here: ``kv_cache_layouts`` (vLLM 0.29+ chooses KV-cache
+    The release's columns that count here: ``mechanism == "layout"`` (vLLM 0.29+ chooses KV-cache
     layouts once per engine; before, the shim lays out cross-layer blocks), ``packed_groups``
     (vLLM's packed multi-group KV allocation, 0.24-0.28, which the shim turns on for sliding-window
     hybrids where every peer runs this engine's TP size: ``equal_tp``, XLKV_EQUAL_TP; packed rows
@@ -264,7 +264,7 @@ def decide(model: ModelShape, release, *, equal_tp: bool = False) -> ModelDecisi
         return ModelDecision(fam, False, "%s: keeps the stock layout (vLLM's sparse indexer kernels assume compact "
                                          "per-layer rows under block-outermost layouts: vLLM issues #55431, #55528)"
                              % title)
-    if not release.kv_cache_layouts:
+    if release.mechanism != "layout":
         mla_backends = release.mla_cross_layer_backends
         if kind == MLA and mla_backends:
             if model.pp_size > 1:
@@ -368,14 +368,15 @@ def sparse_backend(names) -> bool:
     return any(mark in str(n).upper() for n in names for mark in SPARSE_BACKEND_MARKS)
 
 
-def expected_descriptors(model: ModelShape, decision: ModelDecision, *, kv_split: bool) -> Tuple[Optional[int], int]:
+def expected_descriptors(model: ModelShape, decision: ModelDecision, *,
+                         kv_split_regions: bool) -> Tuple[Optional[int], int]:
     """(stock, with the shim) NIXL descriptors per block id of one KV cache group, before NIXL
     merges consecutive blocks.
 
     Stock registers one region per attention layer of a group (two where K and V are separate
-    regions: ``kv_split``, FlashAttention-style layers on vLLM < 0.26; MLA has one latent
+    regions: ``kv_split_regions``, FlashAttention-style layers on vLLM < 0.26; MLA has one latent
     cache); ``model.group_layers`` says how many layers a block id spans.
     """
     layers = model.group_layers
-    stock = None if layers is None else layers * (2 if kv_split and not model.replicated else 1)
+    stock = None if layers is None else layers * (2 if kv_split_regions and not model.replicated else 1)
     return stock, (1 if decision.cross_layer else stock)

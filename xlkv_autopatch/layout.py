@@ -76,19 +76,19 @@ def explicit_layout_reason(env_layout: str) -> str:
 
 #: the values vLLM accepts for VLLM_KV_CACHE_LAYOUT (its envs.py ``env_with_choices``: compared as written,
 #: case and blanks included; anything else, an empty value too, stops vLLM with "Invalid value ..." where it
-#: reads the variable), by whether the release has KV-cache layouts (0.29+; 0.12-0.28 know NHD and HND only)
+#: reads the variable), by whether the release's mechanism is "layout" (0.29+; 0.12-0.28 know NHD and HND only)
 VLLM_LAYOUT_VALUES = {False: ("NHD", "HND"),
                       True: ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND", "BLHNC", "BLNHC", "BHLNC")}
 
 
-def invalid_layout_value(env_layout: Optional[str], *, kv_cache_layouts: bool, release: str = "") -> Optional[str]:
+def invalid_layout_value(env_layout: Optional[str], *, mechanism: str, release: str = "") -> Optional[str]:
     """Why vLLM refuses this ``VLLM_KV_CACHE_LAYOUT`` value (None: unset, or a value it accepts): vLLM
     compares the value exactly as written with its list (``VLLM_LAYOUT_VALUES``) and stops with
     ``ValueError: Invalid value '<value>' for VLLM_KV_CACHE_LAYOUT`` where it reads it, with or without
     xlkv.  The fix names the accepted spelling where the value is one up to case and blanks."""
     if env_layout is None:
         return None
-    allowed = VLLM_LAYOUT_VALUES[bool(kv_cache_layouts)]
+    allowed = VLLM_LAYOUT_VALUES[mechanism == "layout"]
     if env_layout in allowed:
         return None
     near = env_layout.strip().upper()
@@ -317,12 +317,12 @@ def pair_served(release, *, local_tp: int, remote_tp: int, replicated: bool = Fa
                 heads_outermost_rows: bool = False, packed_groups: bool = False) -> Decision:
     """Can an engine with xlkv's cross-layer blocks read a peer at ``remote_tp`` on this release (facts
     ``release``): the one answer the NIXL handshake (patches/handshake.py) and ``status`` (model_report.pair,
-    status_report.runtime_refusals) give.  vLLM 0.29+ (``kv_cache_layouts``): whole rows, sliceable where the
+    status_report.runtime_refusals) give.  vLLM 0.29+ (mechanism ``layout``): whole rows, sliceable where the
     engine's rows keep the KV heads outermost (``heads_outermost_rows``); 0.12-0.28: the attention ``backend``'s
     cross-layer block, sliceable where it keeps the heads outermost on this release, never for vLLM's packed
     multi-group rows.  ``replicated``: MLA's latent cache, read whole from one remote rank."""
     ratio = tp_ratio(local_tp, remote_tp)
-    if release.kv_cache_layouts:
+    if release.mechanism == "layout":
         return heterogeneous_tp_supported(cross_layer=True, tp_ratio=ratio, blocks_first=False, whole_row_layout=True,
                                           heads_outermost_rows=heads_outermost_rows, replicated=replicated)
     blocks_first = sliced_by_heads(backend=backend, fa_heads_outermost=release.fa_heads_outermost) is not None
@@ -339,7 +339,7 @@ def block_sizes_served(release, *, local_block_size: int, remote_block_size: int
     at how many NIXL descriptors per local block per remote rank: the one answer the NIXL handshake
     (patches/handshake.py) and ``status --prefill-block-size`` give.  (Decision, descriptors or None).
 
-    Served (vLLM 0.29+, ``kv_cache_layouts``) where the local block holds a whole number R of remote
+    Served (vLLM 0.29+, mechanism ``layout``) where the local block holds a whole number R of remote
     blocks, prefill TP <= decode TP, the model is not MLA, no KV cache group keeps a sliding window,
     the local rows are xlkv's heads-outermost ``BHLNC`` rows, one region each whose heads tile them
     (``heads_outermost_rows``, ``rows_why_not``: why they do not), and the receive restage
@@ -354,7 +354,7 @@ def block_sizes_served(release, *, local_block_size: int, remote_block_size: int
                                "them, so it refuses %d-token blocks here facing %d-token blocks there with or without "
                                "xlkv (AssertionError: Local block size %d is not divisible by remote block size %d)"
                         % (local_block_size, remote_block_size, local_block_size, remote_block_size)), None
-    if not release.kv_cache_layouts:
+    if release.mechanism != "layout":
         return Decision(False, "this vLLM's cross-layer block (all layers of a block together) cannot be re-split "
                                "into the peer's token ranges (vLLM 0.29+ serves it)"), None
     if remote_tp > local_tp:
@@ -384,7 +384,7 @@ EQUAL_TP_KNOB = "XLKV_EQUAL_TP"
 
 def sliced_by_heads(*, backend: str, fa_heads_outermost: bool) -> Optional[str]:
     """vLLM 0.12-0.28: None where this attention backend's cross-layer block keeps the KV heads
-    outermost (FLASH_ATTN where the release's ``fa_heads`` column says so: a remote rank's heads
+    outermost (FLASH_ATTN where the release's ``fa_heads_outermost`` column says so: a remote rank's heads
     are one range of the block), else why a remote rank's heads are not one range of it."""
     if backend == "FLASH_ATTN" and fa_heads_outermost:
         return None
@@ -393,19 +393,19 @@ def sliced_by_heads(*, backend: str, fa_heads_outermost: bool) -> Optional[str]:
 
 
 def cross_layer_regions(*, backend: str, whole_rows: bool = False, replicated: bool = False,
-                        kv_split: bool = True) -> int:
+                        kv_split_regions: bool = True) -> int:
     """NIXL regions one block (id) of xlkv's cross-layer layout registers, before NIXL merges neighbours:
     1 for a whole-row layout (vLLM >= 0.29: ``whole_rows``), for a replicated latent cache (MLA: one
     latent page per layer, no K/V split) and for FLASH_ATTN's cross-layer block (K and V inside each
     block, whether or not its KV heads are outermost: 0.23-0.25's registered 1 region per block in the
     supported-releases matrix).  Another backend's block (blocks-first: TRITON_ATTN, FLASHINFER) is 2
-    regions where the release registers K and V apart (``kv_split``, the release table's column:
+    regions where the release registers K and V apart (``kv_split_regions``, the release table's column:
     0.12-0.25; the CPU harness with TRITON_ATTN and XLKV_EQUAL_TP=true registered 2 regions per block on
-    0.21.0), else 1 (0.26.0: 1).  Without the release (``kv_split`` left out) the larger count.  The
+    0.21.0), else 1 (0.26.0: 1).  Without the release (``kv_split_regions`` left out) the larger count.  The
     lab's descriptor limit and ``status --model`` ask it."""
     if whole_rows or replicated or backend == "FLASH_ATTN":
         return 1
-    return 2 if kv_split else 1
+    return 2 if kv_split_regions else 1
 
 
 def kept_for_any_tp(why: str) -> str:

@@ -65,7 +65,7 @@ def _pair(out, sides, prefill_tp, decode_tp):
         served, xlkv = True, d["descriptors_per_block"]["xlkv"]
         reason = "the same layout on both sides" if d["cross_layer"] else \
             "both sides keep the stock layout: %s" % d["reason"]
-    elif release.kv_cache_layouts or replicated:   # 0.29+ rows; 0.26-0.28 MLA: one latent tensor on every rank
+    elif release.mechanism == "layout" or replicated:   # 0.29+ rows; 0.26-0.28 MLA: one latent tensor on every rank
         tp = layout.pair_served(release, local_tp=decode_tp, remote_tp=prefill_tp, replicated=replicated,
                                 heads_outermost_rows=d["layout"] == layout.HEADS_OUTERMOST_LAYOUT)
         served, xlkv = tp.use, 1 if tp.use else None
@@ -186,7 +186,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_si
     equal_tp = _equal_tp()
     decision = families.decide(shape, release, equal_tp=equal_tp)
     kept = {}  # backend -> why it keeps the stock layout (None: cross-layer), where the backend decides too
-    if decision.cross_layer and not release.kv_cache_layouts and shape.attention != families.MLA:
+    if decision.cross_layer and release.mechanism != "layout" and shape.attention != families.MLA:
         # the attention backend decides too (the preference patch asks the same function at run time)
         kept = {b: families.kept_stock_for_any_tp(b, release, equal_tp=equal_tp)
                 for b in release.cross_layer_backends}
@@ -199,8 +199,8 @@ def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_si
                                 % (", ".join(others), kept[others[0]]))
     env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
     rel = "%d.%d" % release.release[:2]
-    invalid = layout.invalid_layout_value(env_layout, kv_cache_layouts=release.kv_cache_layouts, release=rel)
-    explicit = layout.explicit_layout(env_layout) if release.kv_cache_layouts and not invalid else None
+    invalid = layout.invalid_layout_value(env_layout, mechanism=release.mechanism, release=rel)
+    explicit = layout.explicit_layout(env_layout) if release.mechanism == "layout" and not invalid else None
     if invalid:  # vLLM itself stops at start-up (status's PROBLEM line says why): no layout runs
         out["stops"] = "vLLM %s stops at start-up: VLLM_KV_CACHE_LAYOUT=%r is not a value it accepts" % (
             rel, env_layout)
@@ -211,17 +211,17 @@ def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_si
     block = block_size or DEFAULT_BLOCK_SIZE
     kernel_ratio = 1
     if decision.cross_layer and kernel_block_size and kernel_block_size < block:
-        if release.kv_cache_layouts:  # the same rule the layout patch applies at start-up (a WARNING there)
+        if release.mechanism == "layout":  # the same rule the layout patch applies at start-up (a WARNING there)
             decision = replace(decision, cross_layer=False, for_any_tp=False, layout=None,
                                reason=layout.kernel_split_reason(kernel_block_size, block))
         elif block % kernel_block_size == 0:  # 0.12-0.28: one descriptor per kernel block
             kernel_ratio = block // kernel_block_size
-    elif decision.cross_layer and release.kv_cache_layouts and not kernel_block_size and not invalid:
+    elif decision.cross_layer and release.mechanism == "layout" and not kernel_block_size and not invalid:
         out["notes"].append("assumes the attention kernel block is the KV block (%d tokens): where the attention "
                             "backend vLLM picks splits it into smaller kernel blocks, the engine keeps the stock layout "
                             "(a WARNING at start-up). status cannot know the backend's kernel block before vLLM picks "
                             "it: --kernel-block-size N says what then runs" % block)
-    stock, xlkv = families.expected_descriptors(shape, decision, kv_split=release.kv_split_regions)
+    stock, xlkv = families.expected_descriptors(shape, decision, kv_split_regions=release.kv_split_regions)
     if invalid:
         stock = xlkv = None  # nothing is registered: no engine starts
     if kernel_ratio > 1 and isinstance(xlkv, int):
@@ -232,7 +232,7 @@ def collect(path, *, tp=1, pp=1, use_vllm=True, block_size=None, kernel_block_si
     if kept and decision.cross_layer:
         # 0.12-0.25: a blocks-first backend's cross-layer block keeps K and V apart (2 regions)
         by_backend = {b: stock if kept[b] else layout.cross_layer_regions(
-            backend=b, replicated=shape.replicated, kv_split=release.kv_split_regions)
+            backend=b, replicated=shape.replicated, kv_split_regions=release.kv_split_regions)
                       for b in release.cross_layer_backends}
         if len({n for b, n in by_backend.items() if not kept[b]}) > 1:  # (kept ones have their own note)
             out["notes"].append("NIXL descriptors per block id depend on the attention backend vLLM picks: %s"
@@ -263,7 +263,7 @@ DEFAULT_BLOCK_SIZE = 16
 def _layout_name(release, decision):
     if not decision.cross_layer:
         return "stock" if decision.layout is None else "stock (%s)" % decision.layout
-    if release.kv_cache_layouts:
+    if release.mechanism == "layout":
         return decision.layout
     if decision.family == families.SLIDING_WINDOW and release.packed_groups:
         return "packed KV cache groups"

@@ -9,6 +9,7 @@ import os
 import site
 import sys
 
+from . import facts
 from ._version import __version__
 from .flag import FLAG, KNOBS, accepted, flag_state, knob_error, knob_state, removed_knob_notes
 
@@ -173,28 +174,16 @@ def _once_on(state):
     return "" if state == "on" else "(ENABLE_XLKV is off; once it is on:) "
 
 
-def _release_text(f):
-    return "%d.%d" % f.release[:2]
-
-
-def _span_of(predicate):
-    """The table's releases where ``predicate(facts)`` holds, as "0.12-0.21" runs."""
-    from . import facts, releases
-
-    rows = releases.runs(lambda r: predicate(facts.facts_for(r.release)) or None)
-    return ", ".join(rs[0].release if len(rs) == 1 else "%s-%s" % (rs[0].release, rs[-1].release) for rs in rows)
-
-
 def switches(f, flag_state_, environ=None):
     """What each switch that shortens the P/D handoff does on the release of facts ``f``: one dict per switch,
     ``{"name", "state", "does"}``, the knob's state as parsed and a sentence for this release and flag."""
     from . import prompt_tail
     from .patches import incremental_detokenizer as detok
 
-    rel, state = _release_text(f), knob_state(detok.KNOB, environ)
+    rel, state = facts.release_text(f), knob_state(detok.KNOB, environ)
     if not f.detokenizer_primes_prompt:
         does = ("nothing on vLLM %s: its detokenizer primes no prompt (vLLM %s prime the whole prompt; nothing is "
-                "wrapped here)" % (rel, _span_of(lambda x: x.detokenizer_primes_prompt)))
+                "wrapped here)" % (rel, facts.span_of(lambda x: x.detokenizer_primes_prompt)))
     elif state == "on" and flag_state_ == "on":
         does = ("each request's first token is decoded against the prompt's last %d token ids, not the whole prompt "
                 "as vLLM %s does (on the API server: P's answer and D's first token alike); the same text: where the "
@@ -214,7 +203,7 @@ def runtime_refusals(f):
     the engine start fails with the cause and the fix), each derived from the release's facts."""
     from . import layout
 
-    rel = _release_text(f)
+    rel = facts.release_text(f)
     out = []
     how = ("vLLM's compatibility hash (tagged by xlkv)" if f.has_compat_hash else
            "xlkv's comparison of the layouts both sides registered (vLLM %s compares no hash)" % rel)
@@ -245,7 +234,7 @@ def runtime_refusals(f):
                        "; %s keeps cross-layer blocks and is served (%s)" % ("/".join(allowed),
                                                                             decisions[allowed[0]].reason)
                        if allowed else ""))
-    if f.kv_cache_layouts:
+    if f.mechanism == "layout":
         out.append("heterogeneous TP where this engine's %s block rows are padded, or its KV cache groups hold "
                    "different layer counts (its heads then do not tile each row; an INFO line at start-up says so): "
                    "the handshake is refused; vLLM itself refuses prefill TP > decode TP where prefill TP exceeds the "
@@ -255,10 +244,10 @@ def runtime_refusals(f):
         out.append("heterogeneous TP with a sliding-window + full attention hybrid (several KV cache groups) packed by "
                    "xlkv, which it does only with %s=true: the handshake is refused (%s); without it the hybrid keeps "
                    "the stock layout and every pairing is served" % (layout.EQUAL_TP_KNOB, packed.reason))
-    if f.budget_block_count and f.kv_cache_layouts:
+    if f.budget_block_count and f.mechanism == "layout":
         out.append("KV tensors holding more blocks than the scheduler's budget (an over-allocating allocator such as "
                    "kvcached): registration with NIXL is refused at start-up")
-    if not f.kv_cache_layouts:
+    if f.mechanism != "layout":
         out.append("KV tensors that disagree on their block count: registration with NIXL is refused at start-up")
     return out
 
@@ -276,33 +265,13 @@ def _how_installed():
     return "xlkv_autopatch was probably installed with --no-deps"
 
 
-def no_effect(name, f, flag_state_, environ=None):
-    """Why knob ``name``, set on, does nothing on the release of facts ``f`` with the flag as set (None: it
-    acts, or it is not on)."""
-    from . import layout
-
-    if knob_state(name, environ) != "on" or name == FLAG:
-        return None
-    if name == layout.EQUAL_TP_KNOB and f.kv_cache_layouts:
-        return ("it does nothing on vLLM %s: xlkv's heads-outermost %s rows serve any TP pairing (it acts on vLLM "
-                "%s only)" % (_release_text(f), layout.HEADS_OUTERMOST_LAYOUT,
-                              _span_of(lambda x: not x.kv_cache_layouts)))
-    if name in ("XLKV_DETOK_TAIL",):
-        if not f.detokenizer_primes_prompt:
-            return ("it does nothing on vLLM %s: its detokenizer primes no prompt (it acts on vLLM %s)"
-                    % (_release_text(f), _span_of(lambda x: x.detokenizer_primes_prompt)))
-    if flag_state_ != "on" and ((os.environ if environ is None else environ).get(name) or "").strip():
-        return "it does nothing while ENABLE_XLKV is not on (the shim is not active)"
-    return None
-
-
 def invalid_layout_problem(f, environ=None):
     """A VLLM_KV_CACHE_LAYOUT value vLLM itself refuses (layout.invalid_layout_value), flag on or off."""
     from . import layout
 
     env = os.environ if environ is None else environ
-    return layout.invalid_layout_value(env.get("VLLM_KV_CACHE_LAYOUT"), kv_cache_layouts=f.kv_cache_layouts,
-                                       release=_release_text(f))
+    return layout.invalid_layout_value(env.get("VLLM_KV_CACHE_LAYOUT"), mechanism=f.mechanism,
+                                       release=facts.release_text(f))
 
 
 def explicit_layout_problem(f, state):
@@ -311,7 +280,7 @@ def explicit_layout_problem(f, state):
     from . import layout
     from .flag import knob
 
-    if state != "on" or not f.kv_cache_layouts:
+    if state != "on" or f.mechanism != "layout":
         return None
     decision = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if decision is None or decision.use:
@@ -331,20 +300,20 @@ def one_sided_hazard(f, state):
     without the shim (vLLM's own KeyError in get_finished); the shim guards only the side it runs on."""
     if not f.failed_recv_looks_up_engine:
         return None
-    where = _span_of(lambda g: g.failed_recv_looks_up_engine)
+    where = facts.span_of(lambda g: g.failed_recv_looks_up_engine)
     if state == "on":
         return ("vLLM %s (%s): the peer engine must have ENABLE_XLKV=true too. A decode engine without it dies at "
                 "the refused handshake (vLLM's own KeyError in get_finished, looking up the refused engine; xlkv is "
                 "not active there to guard it). Fix: set ENABLE_XLKV=true on prefill and decode alike"
-                % (_release_text(f), where))
+                % (facts.release_text(f), where))
     return ("vLLM %s (%s), ENABLE_XLKV is off here: if the peer engine has ENABLE_XLKV=true, the NIXL handshake is "
             "refused and, if this engine decodes, it dies (vLLM's own KeyError in get_finished, looking up the "
             "refused engine; xlkv is not active here to guard it). Fix: set ENABLE_XLKV=true on both sides (or on "
-            "neither)" % (_release_text(f), where))
+            "neither)" % (facts.release_text(f), where))
 
 
 def _collect_patches(out, resolve):
-    from . import facts, patches, registry, versions
+    from . import patches, registry, versions
     from .patches import _kvcached
     from .errors import XlkvError
 
@@ -372,7 +341,7 @@ def _collect_patches(out, resolve):
         out["runtime_refusals"] = runtime_refusals(f)
         out["switches"] = switches(f, state)
         for k in out["knobs"]:
-            k["no_effect"] = no_effect(k["name"], f, state)
+            k["no_effect"] = facts.knob_no_effect(k["name"], f, state)
         bad_layout = invalid_layout_problem(f)
         if bad_layout:
             problems.append(bad_layout)

@@ -280,8 +280,8 @@ def descriptor_limit(attn_backend, mla=False, vllm_version=None, source_ranks=1)
     replicated = bool(mla or "MLA" in b)
     release = shim("facts").facts_for(vllm_version) if vllm_version else None
     regions = float(shim("layout").cross_layer_regions(
-        backend=b, replicated=replicated, whole_rows=release.kv_cache_layouts if release else False,
-        kv_split=release.kv_split_regions if release else True))
+        backend=b, replicated=replicated, whole_rows=release.mechanism == "layout" if release else False,
+        kv_split_regions=release.kv_split_regions if release else True))
     return regions if replicated else regions * max(1, int(source_ranks or 1))
 
 

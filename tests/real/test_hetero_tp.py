@@ -145,10 +145,10 @@ def test_blocks_first_backend_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_
     assert all(x["cross_layer"] is True for x in equal["d_ranks"] + equal["p_ranks"]), equal["d_ranks"]
     _assert_refused_naming_equal_tp(equal, 1, 2, "blocks-first backend")
     # the regions per block status --model and the lab's limit predict for this backend on this release
-    # (layout.cross_layer_regions with the release's kv_split column: 2 on 0.20-0.25, 1 on 0.26-0.28)
+    # (layout.cross_layer_regions with the release's kv_split_regions column: 2 on 0.20-0.25, 1 on 0.26-0.28)
     from xlkv_autopatch import facts, layout
     predicted = layout.cross_layer_regions(backend="TRITON_ATTN",
-                                           kv_split=facts.facts_for(vllm_env[0]).kv_split_regions)
+                                           kv_split_regions=facts.facts_for(vllm_env[0]).kv_split_regions)
     assert equal["registered"]["descs_per_block_id"] == predicted, (equal["registered"], predicted)
 
 

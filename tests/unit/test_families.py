@@ -117,7 +117,7 @@ def test_mla_gets_one_cross_layer_tensor_where_the_release_names_mla_backends():
     d = FM.decide(mla, rel(False, mla=MLA_H100))
     assert (d.family, d.cross_layer) == (FM.MLA, True)
     assert "one cross-layer latent KV tensor" in d.reason and "TRITON_MLA" in d.reason
-    assert FM.expected_descriptors(replace(mla, group_layers=61), d, kv_split=False) == (61, 1)
+    assert FM.expected_descriptors(replace(mla, group_layers=61), d, kv_split_regions=False) == (61, 1)
     assert FM.decide(mla, rel(False)).cross_layer is False  # 0.12-0.25
     assert FM.decide(replace(mla, pp_size=2), rel(False, mla=MLA_H100)).cross_layer is False
     sparse = FM.decide(facts(DEEPSEEK_V32, use_mla=True, heads=1), rel(False, mla=MLA_H100))
@@ -143,14 +143,14 @@ def test_expected_descriptors_of_packed_groups():
     # gpt-oss-120b on 0.26: 18 per block id stock (K/V in one page), 1 packed; 0.21: stock with the shim too
     g = facts(GPT_OSS)
     packed = FM.decide(g, rel(False, packed=True), equal_tp=True)
-    assert FM.expected_descriptors(g, packed, kv_split=False) == (18, 1)
+    assert FM.expected_descriptors(g, packed, kv_split_regions=False) == (18, 1)
     # without XLKV_EQUAL_TP: stock, so that any TP pairing is served
     assert FM.expected_descriptors(g, FM.decide(g, rel(False, packed=True)),
-                                   kv_split=False) == (18, 18)
-    assert FM.expected_descriptors(g, FM.decide(g, rel(False)), kv_split=True) == (36, 36)
+                                   kv_split_regions=False) == (18, 18)
+    assert FM.expected_descriptors(g, FM.decide(g, rel(False)), kv_split_regions=True) == (36, 36)
     gemma = facts(GEMMA3_27B)
     assert FM.expected_descriptors(gemma, FM.decide(gemma, rel(False, packed=True), equal_tp=True),
-                                   kv_split=False) == (10, 1)
+                                   kv_split_regions=False) == (10, 1)
 
 
 def test_every_family_has_a_title_and_a_decision():
@@ -167,22 +167,22 @@ def test_group_layers_and_expected_descriptors():
     g = facts(GPT_OSS)
     assert g.group_layers == 18
     d = FM.decide(g, rel(True))
-    assert FM.expected_descriptors(g, d, kv_split=False) == (18, 1)
-    assert FM.expected_descriptors(g, d, kv_split=True) == (36, 1)
+    assert FM.expected_descriptors(g, d, kv_split_regions=False) == (18, 1)
+    assert FM.expected_descriptors(g, d, kv_split_regions=True) == (36, 1)
     # Gemma-3-27B: 52 sliding + 10 full: groups of 10
     assert facts(GEMMA3_27B).group_layers == 10
     assert facts(GEMMA3_OLD).group_layers == 2
     # DeepSeek-V3: 61 latent caches per block, never split into K and V
     m = facts(DEEPSEEK_V3, use_mla=True, heads=1)
-    assert FM.expected_descriptors(m, FM.decide(m, rel(True)), kv_split=True) == (61, 1)
-    assert FM.expected_descriptors(m, FM.decide(m, rel(False)), kv_split=True) == (61, 61)
+    assert FM.expected_descriptors(m, FM.decide(m, rel(True)), kv_split_regions=True) == (61, 1)
+    assert FM.expected_descriptors(m, FM.decide(m, rel(False)), kv_split_regions=True) == (61, 61)
     # one KV head per rank on 0.29+: one region per row (page_contiguous.py), stock with pipeline stages
     o = facts(QWEN3, heads=1)
-    assert FM.expected_descriptors(o, FM.decide(o, rel(True)), kv_split=False) == (28, 1)
+    assert FM.expected_descriptors(o, FM.decide(o, rel(True)), kv_split_regions=False) == (28, 1)
     o2 = facts(QWEN3, heads=1, pp=2)
-    assert FM.expected_descriptors(o2, FM.decide(o2, rel(True)), kv_split=False) == (28, 28)
+    assert FM.expected_descriptors(o2, FM.decide(o2, rel(True)), kv_split_regions=False) == (28, 28)
     assert FM.expected_descriptors(FM.ModelShape(), FM.decide(FM.ModelShape(), rel(True)),
-                                   kv_split=False) == (None, 1)
+                                   kv_split_regions=False) == (None, 1)
 
 
 def test_sliding_and_full():
@@ -290,8 +290,8 @@ def test_cross_layer_regions_per_block():
     assert layout.cross_layer_regions(backend="FLASHINFER") == 2
     # a blocks-first block is one region where the release keeps K and V together (0.26+; the CPU harness
     # with TRITON_ATTN and XLKV_EQUAL_TP=true: 2 regions per block on 0.21.0, 1 on 0.26.0)
-    assert layout.cross_layer_regions(backend="TRITON_ATTN", kv_split=True) == 2
-    assert layout.cross_layer_regions(backend="TRITON_ATTN", kv_split=False) == 1
+    assert layout.cross_layer_regions(backend="TRITON_ATTN", kv_split_regions=True) == 2
+    assert layout.cross_layer_regions(backend="TRITON_ATTN", kv_split_regions=False) == 1
     assert layout.cross_layer_regions(backend="FLASHINFER", whole_rows=True) == 1
     assert layout.cross_layer_regions(backend="TRITON_MLA", replicated=True) == 1
 

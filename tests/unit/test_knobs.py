@@ -176,7 +176,7 @@ def test_a_missing_dependency_names_the_activation_path_that_ran(monkeypatch, so
     ("0.14.1", "XLKV_DETOK_TAIL", "it does nothing on vLLM 0.14: its detokenizer primes no prompt"),
 ])
 def test_start_up_warns_once_about_a_knob_that_does_nothing_on_this_release(monkeypatch, caplog, release, knob, says):
-    """The run says what status says (status_report.no_effect): a knob set on that this release ignores is one
+    """The run says what status says (facts.knob_no_effect): a knob set on that this release ignores is one
     WARNING per process; the same knob on a release where it acts, and any knob with the flag off, say nothing."""
     from xlkv_autopatch import facts, logs
 

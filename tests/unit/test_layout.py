@@ -43,10 +43,10 @@ def test_release_facts():
     assert not F.facts_for("0.17.1").budget_block_count and F.facts_for("0.18.1").budget_block_count
     assert [F.facts_for("0.%d.0" % m).fa_heads_outermost for m in (12, 22, 23, 25, 26, 28, 29, 33)] == \
         [True, True, False, False, True, True, False, False]
-    assert not F.facts_for("0.28.0").kv_cache_layouts and F.facts_for("0.29.0").kv_cache_layouts
+    assert F.facts_for("0.28.0").mechanism != "layout" and F.facts_for("0.29.0").mechanism == "layout"
     # a development build of 0.29 (setuptools-scm: main after the 0.28 tag) is 0.28 code
-    assert not F.facts_for("0.29.0.dev12+g1234").kv_cache_layouts
-    assert F.facts_for("0.29.1.dev3").kv_cache_layouts
+    assert F.facts_for("0.29.0.dev12+g1234").mechanism != "layout"
+    assert F.facts_for("0.29.1.dev3").mechanism == "layout"
     assert F.facts_for("0.21.0+cu129") == F.facts_for("0.21.0")
 
 
@@ -308,7 +308,7 @@ def test_pair_served_per_release(release, local_tp, remote_tp):
     packed = L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, packed_groups=True)
     if equal:
         assert rows.use and fa.use and triton.use and packed.use
-    elif f.kv_cache_layouts:
+    elif f.mechanism == "layout":
         assert rows.use and not L.pair_served(f, local_tp=local_tp, remote_tp=remote_tp).use   # BLNHC rows
     else:
         assert fa.use == f.fa_heads_outermost and not triton.use and not packed.use

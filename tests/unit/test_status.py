@@ -245,12 +245,12 @@ def test_no_one_sided_hazard_where_vllm_skips_failed_receives(status, vllm):
 
 
 def test_the_hazard_follows_the_release_table(status, monkeypatch):
-    """Derived from the table's recv_lookup column, not a version typed into status."""
+    """Derived from the table's failed_recv_looks_up_engine column, not a version typed into status."""
     from dataclasses import replace
 
     from xlkv_autopatch import releases
 
-    rows = tuple(replace(r, recv_lookup=True) if r.release == "0.26" else r for r in releases.RELEASES)
+    rows = tuple(replace(r, failed_recv_looks_up_engine=True) if r.release == "0.26" else r for r in releases.RELEASES)
     monkeypatch.setattr(releases, "RELEASES", rows)
     rc, text = status("0.26.0")
     (note,) = [n for n in notes(text) if "KeyError" in n]
@@ -295,7 +295,7 @@ def test_runtime_refusals_are_derived_from_the_release_table(status, monkeypatch
     from xlkv_autopatch import releases
 
     before = [l for l in refusals(status("0.26.0")[1]) if l.startswith("heterogeneous TP")]
-    rows = tuple(replace(r, fa_heads=False) if r.release == "0.26" else r for r in releases.RELEASES)
+    rows = tuple(replace(r, fa_heads_outermost=False) if r.release == "0.26" else r for r in releases.RELEASES)
     monkeypatch.setattr(releases, "RELEASES", rows)
     after = [l for l in refusals(status("0.26.0")[1]) if l.startswith("heterogeneous TP")]
     assert "FLASH_ATTN keeps cross-layer blocks and is served" in before[0] and "with any backend" in after[0], \

@@ -204,7 +204,7 @@ def test_status_asks_the_run_times_backend_step(status, monkeypatch):
 
 @pytest.mark.parametrize("vllm, equal_tp, expected", [
     # XLKV_EQUAL_TP=true keeps every backend's cross-layer block: a blocks-first one registers K and V apart
-    # on 0.12-0.25 (the release's kv_split column)
+    # on 0.12-0.25 (the release's kv_split_regions column)
     ("0.24.0", "true", {"FLASH_ATTN": 1, "FLASHINFER": 2, "TRITON_ATTN": 2}),
     # 0.26: K and V in one region of any backend's block: 1 each, so no note
     ("0.26.0", "true", {"FLASH_ATTN": 1, "FLASHINFER": 1, "TRITON_ATTN": 1}),

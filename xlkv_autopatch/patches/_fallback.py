@@ -45,7 +45,7 @@ def explicit_layout():
     (``resolve_kv_cache_layout``), so kv_cache_layout.py never runs; said here, at registration, in
     every flagged worker: a stock layout is a fallback (WARNING; XLKV_STRICT=1: an error), a
     whole-row one an INFO line."""
-    if not facts.current().kv_cache_layouts:
+    if facts.current().mechanism != "layout":
         return
     decision = layout.explicit_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if decision is None:

@@ -61,7 +61,7 @@ def decision(vllm_config, *, kv_cache_groups=None):
     ``kv_cache_groups``: the number of KV cache groups vLLM planned, where the caller knows it."""
     release = facts.current()
     # the attention backends only tell sparse MLA apart, which matters where MLA can be packed
-    found = model_shape(vllm_config, backends=None if release.kv_cache_layouts or release.mla_cross_layer_backends
+    found = model_shape(vllm_config, backends=None if release.mechanism == "layout" or release.mla_cross_layer_backends
                         else (), kv_cache_groups=kv_cache_groups)
     if found is None:
         return None

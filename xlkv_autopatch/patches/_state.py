@@ -50,7 +50,7 @@ def remember_hashes(stock, cross_layer, native=None, heads_outermost=False):
     """
     base = native if native is not None else stock
     tagged = layout.tag_hash(base)
-    layouts = facts.current().kv_cache_layouts
+    layouts = facts.current().mechanism == "layout"
     with _lock:
         if layouts:
             KNOWN[stock] = UNTAGGED_0_29
@@ -213,4 +213,4 @@ def is_cross_layer(worker):
         topo = getattr(worker, topo_name, None)
         if topo is not None and getattr(topo, "cross_layers_blocks", False) is True:
             return True
-    return facts.current().kv_cache_layouts and getattr(worker, "kv_cache_layout", None) in layout.WHOLE_ROW_LAYOUTS
+    return facts.current().mechanism == "layout" and getattr(worker, "kv_cache_layout", None) in layout.WHOLE_ROW_LAYOUTS

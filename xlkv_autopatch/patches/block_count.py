@@ -122,7 +122,7 @@ def _reconcile(instance, counts, f):
         raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: %s" % e) from e
     if not note:
         return
-    if f.kv_cache_layouts:
+    if f.mechanism == "layout":
         raise XlkvRegistrationError(over_allocated_message(real, expected, f))
     if real % ratio:
         raise XlkvRegistrationError("xlkv_autopatch: %d kernel blocks are not a whole number of logical blocks "
@@ -140,14 +140,14 @@ def cross_layer_registration(instance, kv_caches, f):
     that this process's connector (patched by xlkv) asked for."""
     if _state.is_cross_layer(instance):
         return True
-    if f.kv_cache_layouts or getattr(instance, "_has_mamba", False):
+    if f.mechanism == "layout" or getattr(instance, "_has_mamba", False):
         return False
     return _state.cross_layer_preferred() and not _state.stock_reasons() and len(kv_caches) == 1
 
 
 def _check_counts(instance, counts, f):
     if len(set(counts.values())) > 1:
-        if f.kv_cache_layouts and isinstance(getattr(instance, "region_num_blocks", None), list):
+        if f.mechanism == "layout" and isinstance(getattr(instance, "region_num_blocks", None), list):
             return  # this release indexes every region by its own block count (region_num_blocks)
         raise XlkvRegistrationError("xlkv_autopatch: refusing to register the KV cache with NIXL: tensors disagree on "
                                     "their block count (%s), and this vLLM indexes every region with one count"
@@ -170,7 +170,7 @@ def register_wrapper(wrapped, instance, args, kwargs):
     try:
         result = wrapped(*args, **kwargs)
     except AssertionError as e:
-        if f.kv_cache_layouts and _state.is_cross_layer(instance):
+        if f.mechanism == "layout" and _state.is_cross_layer(instance):
             over = storage_over_allocation(kv_caches) if isinstance(kv_caches, dict) else None
             if over is not None:  # the cause of vLLM's failed check, named (issue 31 item 5)
                 raise XlkvRegistrationError("%s (vLLM's check: %s)" % (over_allocated_message(over[0], over[1], f),
@@ -188,7 +188,7 @@ def register_wrapper(wrapped, instance, args, kwargs):
               "cross-layer" if cross else "per-layer (stock)", groups if groups is not None else "?",
               sorted(set(getattr(instance, "block_len_per_layer", []) or []))[:4])
     regions = getattr(instance, "num_regions", None)
-    if cross and f.kv_cache_layouts and isinstance(regions, int) and regions > 1:
+    if cross and f.mechanism == "layout" and isinstance(regions, int) and regions > 1:
         # a whole-row layout that vLLM still registered per layer: correct bytes, no gain
         logger.warning("xlkv_autopatch: vLLM registered the block-outermost KV cache as %d NIXL regions (%s KV cache "
                        "group(s)), not one whole-row region: each block still costs %d descriptors. The bytes are "

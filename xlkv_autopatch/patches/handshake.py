@@ -73,7 +73,7 @@ def _local_fix():
                 "layout (the stock layout on both does not serve %d-token kernel blocks facing %d-token blocks "
                 "either)" % (split[0], split[0], split[1]))
     env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
-    if facts.current().kv_cache_layouts and env and env not in layout.WHOLE_ROW_LAYOUTS:
+    if facts.current().mechanism == "layout" and env and env not in layout.WHOLE_ROW_LAYOUTS:
         return ("Fix: unset VLLM_KV_CACHE_LAYOUT on this engine, so that both engines run xlkv's layout%s"
                 % (", or unset ENABLE_XLKV on the remote engine, so that both run the stock layout"
                    if layout.layout_name(env) == "LBHNC" else ""))
@@ -148,7 +148,7 @@ def _hash_in(text, label):
 def _local_cause():
     reasons = _state.stock_reasons()
     env_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT")
-    if facts.current().kv_cache_layouts and env_layout and env_layout not in layout.WHOLE_ROW_LAYOUTS:
+    if facts.current().mechanism == "layout" and env_layout and env_layout not in layout.WHOLE_ROW_LAYOUTS:
         # vLLM does not ask the connector for a layout then, so no patch saw it: name it here
         explicit = layout.explicit_layout_reason(env_layout)
         # a fallback's reason starts with the same words where the registration noted it: named once
@@ -191,7 +191,7 @@ def _explain(local, remote, worker=None, remote_tp=None):
             return here + _connectors_here(worker), OTHER_CONFIGURATION, OTHER_FIX
         return None
     ours = ours or "a configuration xlkv does not recognise"
-    if facts.current().kv_cache_layouts and {ours, theirs} == {_state.XLKV, _state.XLKV_HEADS}:
+    if facts.current().mechanism == "layout" and {ours, theirs} == {_state.XLKV, _state.XLKV_HEADS}:
         return _token_major_vs_heads(ours, theirs)
     if _state.is_untagged(ours) or ours == LOCAL_PER_LAYER:
         return LOCAL_PER_LAYER + _local_cause(), theirs, _local_fix()
@@ -292,7 +292,7 @@ def _block_size_refusal(meta, local_bs, remote_bs, logical, why, f):
     else:
         here = "%d-token KV blocks" % local_bs
     # the fix by cause: a multiple helps only where the direction is the refused part on a release that serves it
-    multiple = ("decode blocks a multiple of prefill blocks, " if f.kv_cache_layouts and local_bs % remote_bs
+    multiple = ("decode blocks a multiple of prefill blocks, " if f.mechanism == "layout" and local_bs % remote_bs
                 else "")
     return XlkvMismatchError(
         "xlkv_autopatch: NIXL handshake refused: the remote engine %s registers %s-token blocks with NIXL, this engine "
@@ -308,21 +308,21 @@ def _layout_refusal(instance, meta, cross, f):
     remote_regions = len(getattr(meta, "kv_caches_base_addr", []) or [])
     local_regions = len(getattr(instance, "block_len_per_layer", []) or [])
     names = (getattr(instance, "kv_cache_layout", None), getattr(meta, "kv_cache_layout", None))
-    if f.kv_cache_layouts and not all(isinstance(n, str) and n for n in names):
+    if f.mechanism == "layout" and not all(isinstance(n, str) and n for n in names):
         return None  # 0.29+: only the published layout names tell; region counts differ for other reasons (PP)
-    if not f.kv_cache_layouts and (getattr(instance, "pp_size", 1) or 1) != 1:
+    if f.mechanism != "layout" and (getattr(instance, "pp_size", 1) or 1) != 1:
         return None  # pipeline parallel: vLLM slices the peer's regions to this stage's layers
     remote_cross = layout.remote_cross_layer(
         local_cross=cross, local_regions=local_regions, remote_regions=remote_regions,
-        **(dict(local_layout=names[0], remote_layout=names[1]) if f.kv_cache_layouts else {}))
-    if remote_cross is None and f.kv_cache_layouts and cross and local_regions == 1 and remote_regions > 1:
+        **(dict(local_layout=names[0], remote_layout=names[1]) if f.mechanism == "layout" else {}))
+    if remote_cross is None and f.mechanism == "layout" and cross and local_regions == 1 and remote_regions > 1:
         # the same whole-row layout name, registered as one region per layer there (a layer's page is
         # contiguous at one KV head per rank; only xlkv has vLLM register the row whole then)
         remote_cross = False
     if remote_cross is None:
         return None
     regions = ("this engine registered %d region(s) (KV layout %s), the remote engine %d (KV layout %s)"
-               % (local_regions, names[0], remote_regions, names[1]) if f.kv_cache_layouts else
+               % (local_regions, names[0], remote_regions, names[1]) if f.mechanism == "layout" else
                "this engine registered %d region(s), the remote engine %d" % (local_regions, remote_regions))
     if not f.has_compat_hash:
         why = "vLLM %s compares no compatibility hash" % ".".join(map(str, f.release[:2]))
@@ -377,7 +377,7 @@ def validate_wrapper(wrapped, instance, args, kwargs):
 
 def _hetero_tp_fix(instance, f):
     """The fix of a heterogeneous-TP refusal, by what made this engine's cross-layer blocks unsliceable."""
-    if not f.kv_cache_layouts:
+    if f.mechanism != "layout":
         return ("Fix: unset %s on both engines (xlkv then keeps the stock layout wherever its cross-layer blocks "
                 "cannot be sliced by KV heads, and any TP pairing is served), or use the same tensor-parallel size "
                 "on both" % layout.EQUAL_TP_KNOB)
@@ -394,20 +394,20 @@ def _hetero_tp(instance, f, local_tp, remote_tp):
     """(can this cross-layer worker read a peer at ``remote_tp`` (layout.pair_served, which status asks
     too), does vLLM slice heads-outermost rows for it: the gate's scope is needed)."""
     replicated = bool(getattr(instance, "use_mla", False))  # MLA's latent cache: one remote rank, nothing sliced
-    sliceable, why_not = _state.heads_outermost(instance) if f.kv_cache_layouts else (False, None)
+    sliceable, why_not = _state.heads_outermost(instance) if f.mechanism == "layout" else (False, None)
     decision = layout.pair_served(f, local_tp=local_tp, remote_tp=remote_tp, replicated=replicated,
                                   backend=getattr(instance, "backend_name", ""), heads_outermost_rows=sliceable,
-                                  packed_groups=not f.kv_cache_layouts and _state.is_packed_groups(instance))
-    if f.kv_cache_layouts and why_not:
+                                  packed_groups=f.mechanism != "layout" and _state.is_packed_groups(instance))
+    if f.mechanism == "layout" and why_not:
         decision = layout.Decision(False, "this engine's %s rows cannot be sliced by heads: %s"
                                    % (layout.HEADS_OUTERMOST_LAYOUT, why_not))
-    return decision, f.kv_cache_layouts and decision.use and sliceable
+    return decision, f.mechanism == "layout" and decision.use and sliceable
 
 
 #: what this file wraps, on the release's NIXL worker class (NixlConnectorWorker up to 0.23,
 #: NixlBaseConnectorWorker from 0.24): add_remote_agent everywhere, get_finished where the worker has
-#: the one the shim wraps (the release table's ``finished``; it acts where ``recv_lookup``),
-#: _nixl_handshake where it compares a compatibility hash (``hs_hash``)
+#: the one the shim wraps (the release table's ``finished``; it acts where ``failed_recv_looks_up_engine``),
+#: _nixl_handshake where it compares a compatibility hash (``has_compat_hash``)
 TARGETS = (
     Target(name="handshake.validate", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
            attr="add_remote_agent", kind="method", wrapper=validate_wrapper,
@@ -416,5 +416,5 @@ TARGETS = (
            attr="get_finished", kind="method", wrapper=finished_wrapper, params=("self",), when={"finished": True}),
     Target(name="handshake.explain_mismatch", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
            attr="_nixl_handshake", kind="method", wrapper=handshake_wrapper,
-           params=("self",) + HANDSHAKE_ARGS + ("...",), when={"hs_hash": True}),
+           params=("self",) + HANDSHAKE_ARGS + ("...",), when={"has_compat_hash": True}),
 )

@@ -33,7 +33,7 @@ How
     (experiments/probes/engine_pd_faults_cpu.py: a failed read, an abort, an expired lease, a dead
     and a restarted prefill).
 vLLM versions
-    0.17+ (release table column ``prime``); 0.12-0.16 prime no prompt, so there is nothing to
+    0.17+ (release table column ``detokenizer_primes_prompt``); 0.12-0.16 prime no prompt, so there is nothing to
     shorten and nothing is wrapped.
 Removal
     When vLLM bounds the priming itself (#51281, #57330).
@@ -119,5 +119,5 @@ def init_wrapper(wrapped, instance, args, kwargs):
 TARGETS = (
     Target(name="incremental_detokenizer.tail", group="detok", module=DETOKENIZER,
            owner="FastIncrementalDetokenizer", attr="__init__", kind="method", wrapper=init_wrapper,
-           params=("self",) + INIT_ARGS, when={"prime": True}),
+           params=("self",) + INIT_ARGS, when={"detokenizer_primes_prompt": True}),
 )

@@ -29,7 +29,7 @@ How
     registration is tagged like xlkv's cross-layer tensor (compat_hash.py), so a peer without
     the flag (stock, or vLLM's own opt-in) is refused at the handshake with the cause.
 vLLM versions
-    0.24-0.28 (the release table's ``packed`` column: the planner function and
+    0.24-0.28 (the release table's ``packed_groups`` column: the planner function and
     ``NixlBaseConnectorWorker._register_packed_kv_cache``); 0.12-0.23 have no packed
     allocation (sliding-window hybrids keep the stock layout with a WARNING naming the family
     where vLLM plans several groups); 0.29+ use block-outermost KV-cache layouts
@@ -112,13 +112,13 @@ def register_wrapper(wrapped, instance, args, kwargs):
 
 
 #: what this file wraps where the release has vLLM's packed multi-group allocation (the release table's
-#: ``packed``): the planner's predicate (its own patch set, on import of the planner: engine core, not NIXL
+#: ``packed_groups``): the planner's predicate (its own patch set, on import of the planner: engine core, not NIXL
 #: connector code) and the NIXL worker's packed registration (the release's NIXL patch set)
 TARGETS = (
     Target(name="packed_kv_cache_config.register", group="nixl", module=NIXL_WORKER_MODULE, owner=NIXL_WORKER_CLASS,
            attr="_register_packed_kv_cache", kind="method", wrapper=register_wrapper, params=("self", "..."),
-           when={"packed": True}),
+           when={"packed_groups": True}),
     Target(name="packed_kv_cache_config.plan", group="packed", module=KV_CACHE_UTILS, owner=None,
            attr="_use_packed_kv_cache_config", kind="function", wrapper=predicate_wrapper, params=PREDICATE_ARGS,
-           when={"packed": True}),
+           when={"packed_groups": True}),
 )

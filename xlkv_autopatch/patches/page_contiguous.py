@@ -72,7 +72,7 @@ from ._fallback import explicit_layout
 def _decision(worker, f):
     """families.decide for a worker whose registration this patch checks (a whole-row layout, the
     model's cross-layer decision, no MLA / Mamba / host buffer), else None."""
-    if worker is None or not f.kv_cache_layouts:
+    if worker is None or f.mechanism != "layout":
         return None
     if getattr(worker, "kv_cache_layout", None) not in layout.WHOLE_ROW_LAYOUTS:
         return None
