@@ -12,7 +12,7 @@ For every request:
 
 Also: GET /v1/models (passed through to D, so `vllm bench serve` can find the model),
 GET /health (200 when both P and D answer /health), POST /v1/chat/completions (same flow).
---token-ids-to-d (a proxy-side handoff lever, issue 22): P is asked for its prompt token ids
+--token-ids-to-d (a proxy-side handoff lever): P is asked for its prompt token ids
 (``return_token_ids``) and D gets them as the prompt instead of the text, so D does not
 tokenise the prompt again (completions with one string prompt; anything else goes as it came).
 GET /timings: where each request's time went since the last reset (?reset=1 resets after

@@ -69,7 +69,7 @@ def table():
     return "\n".join(lines)
 
 
-#: the ordering table (issue 34 item 2): block-order cases and the runs of stock_layout_order.py
+#: the ordering table: block-order cases and the runs of stock_layout_order.py
 ORDER_START, ORDER_END = "<!-- ordering:start -->", "<!-- ordering:end -->"
 ORDER_CASES = (("reversed", "8 blocks descending"), ("interleaved", "6 interleaved"),
                ("shared", "4 after a prefix hit"))

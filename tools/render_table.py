@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Render experiments/results/compat-matrix.json as docs/support-matrix.md's support table (and
-README's short one, where README has the markers: since issue 42 it has none).
+README's short one, where README has the markers: it has none now).
 
     python3 tools/render_table.py [--check]
 
@@ -149,7 +149,7 @@ def main():
     for path, make in ((README, short_table), (DOC, table)):
         text = open(path).read()
         if START not in text:
-            continue  # README dropped its short table (issue 42: the full table is in docs/support-matrix.md)
+            continue  # README dropped its short table (the full table is in docs/support-matrix.md)
         new = render(text, matrix, gpu, make)
         if "--check" in sys.argv:
             if new != text:

@@ -83,7 +83,7 @@ def _warn_inert_knobs(logs):
 
 
 def _how_it_came(source):
-    """Why a dependency may be missing, by the activation path that ran (issue 43 item 5)."""
+    """Why a dependency may be missing, by the activation path that ran."""
     if source == "sitecustomize":
         return ("this process activated xlkv from a source checkout's sitecustomize.py on PYTHONPATH, where "
                 "nothing installed its dependencies; `pip install <checkout>` installs them with it")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Heterogeneous tensor parallelism on the CPU P/D harness (issue 44): every prefill/decode TP pairing
+"""Heterogeneous tensor parallelism on the CPU P/D harness: every prefill/decode TP pairing
 that 2 cores can start, stock (no flag) and xlkv (ENABLE_XLKV=true on both sides), the same pairing
 in both, bytes compared per decode rank against the reference fill of every prefill rank's heads,
 and per decode rank the descriptors handed to NIXL per block (each read is one remote rank's head
@@ -12,10 +12,10 @@ merge, and the regions each side registered.
 Pairings (KV heads of the dense model: 4 unless named): 1->2, 2->1, 1->4, 4->2 (six ranks), 1->2 and
 2->1 at 2 KV heads (one KV head per rank on the wider side: page_contiguous.py's whole rows against
 a two-head row), the gpt-oss-shaped sliding-window hybrid 1->2 and 2->2 (2 KV heads, several KV cache
-groups; 2->2 is one KV head per rank on both sides, issue 43 item 2)
+groups; 2->2 is one KV head per rank on both sides)
 and the MLA model 1->2 (its latent cache replicated on every rank); the dense model on TRITON_ATTN 1->2 (a
 blocks-first backend: 0.20-0.28 keep the stock layout for it); ``equal_`` runs: the flag and XLKV_EQUAL_TP=true
-(issue 44 item 3: cross-layer blocks that cannot be sliced by KV heads are kept, and the pair is refused).  MQA (one KV head) does not run
+(cross-layer blocks that cannot be sliced by KV heads are kept, and the pair is refused).  MQA (one KV head) does not run
 on the harness at TP > 1 (it splits KV heads over ranks).  Stdlib only; one harness at a time.
 """
 import importlib.util
@@ -37,7 +37,7 @@ PAIRINGS = {
     "swa_1to2": ("sliding-window", None, 1, 2),
     "swa_2to2": ("sliding-window", None, 2, 2),
     "mla_1to2": ("mla", None, 1, 2),
-    # issue 44 item 3: a blocks-first backend (cross-layer blocks cannot be sliced by KV heads; 0.20-0.28)
+    # a blocks-first backend (cross-layer blocks cannot be sliced by KV heads; 0.20-0.28)
     "triton4_1to2": ("dense", 4, 1, 2, "TRITON_ATTN"),
 }
 #: the pairings also run with XLKV_EQUAL_TP=true (the ``equal_`` runs): where xlkv keeps the stock layout

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One KV head per tensor-parallel rank on the CPU P/D harness (issue 34 item 1): the harness's
+"""One KV head per tensor-parallel rank on the CPU P/D harness: the harness's
 dense model (4 layers, 2 KV heads) at TP 2 -> 2, one KV head per rank, stock, native
 (VLLM_KV_CACHE_LAYOUT=BLNHC on both sides) and xlkv (ENABLE_XLKV=true on both), every block-order
 case with bytes compared on every decode rank; the pairs xlkv must refuse with the cause while

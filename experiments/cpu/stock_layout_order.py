@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Descriptor ordering for workers that keep vLLM's per-layer regions under ENABLE_XLKV (issue 34
-item 2): the ablation of patches/transfer_order.py where no cross-layer layout is in place.  The
+"""Descriptor ordering for workers that keep vLLM's per-layer regions under ENABLE_XLKV: the
+ablation of patches/transfer_order.py where no cross-layer layout is in place.  The
 harness's dense model on the block orders of a loaded server (8 blocks descending on both sides,
 6 interleaved, 4 after a prefix-cache hit: cases reversed, interleaved, shared), three runs:
 

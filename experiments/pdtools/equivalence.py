@@ -391,7 +391,8 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
                  "kv_cache_layout": reg.get("kv_cache_layout"),
                  "registered_regions_per_block_id": kv.get("registered_regions_per_block_id")}
         if (cfg == "shim" or cfg.startswith("shim-")) and kv.get("kept_stock_for_any_tp"):
-            # the shim kept the stock layout by design and said so (issue 44 item 3): no promise to check
+            # the shim kept the stock layout by design and said so (cross-layer blocks that
+            # cannot be sliced by KV heads): no promise to check
             entry["limit"], entry["descriptor_pass"] = None, None
             entry["descriptor_note"] = "stock layout kept for any TP pairing: " + kv["kept_stock_for_any_tp"]
         elif cfg == "shim" or cfg.startswith("shim-"):  # shim-ray, shim-keep-order: the shim as well

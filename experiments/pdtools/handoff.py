@@ -1,4 +1,4 @@
-"""Where each P/D request's time goes (issue 41 item 1), from the handoff trace's lines.
+"""Where each P/D request's time goes, from the handoff trace's lines.
 
 Inputs: the engines' ``trace-<pid>.jsonl`` files (experiments/negative_control/xlkv_handoff_trace.py,
 armed with XLKV_TRACE_HANDOFF on P and D) and, optionally, the proxy's ``--trace`` file

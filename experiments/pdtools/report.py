@@ -256,7 +256,7 @@ def _pooled(reps, field, names):
 
 
 def handoff_markdown(doc):
-    """The handoff split table (issue 41 item 1): '' when no cell has the trace."""
+    """The handoff split table: '' when no cell has the trace."""
     rows = handoff_rows(doc)
     if not rows:
         return ""

@@ -43,7 +43,7 @@ def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, comman
         cell["median_ttft_ms"].append(r.get("median_ttft_ms"))
         cell["p99_ttft_ms"].append(r.get("p99_ttft_ms"))
         for k in ("mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_tpot_ms", "median_tpot_ms"):
-            cell[k].append(r.get(k))           # decode speed (issue 44 item 4)
+            cell[k].append(r.get(k))           # decode speed
         cell["total_tok_s"].append(r.get("total_token_throughput"))
         cell["completed"].append(r.get("completed"))
         cell["failed"].append(r.get("failed", (num_prompts - r["completed"]) if r.get("completed") is not None else None))

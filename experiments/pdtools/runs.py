@@ -58,7 +58,7 @@ def prom_scrape(url):
         return None
 
 
-#: what the shim's INFO line says where it keeps the stock layout by design (issue 44 item 3: cross-layer
+#: what the shim's INFO line says where it keeps the stock layout by design (cross-layer
 #: blocks that cannot be sliced by KV heads, without XLKV_EQUAL_TP); the equivalence summary then checks
 #: no descriptor promise for that config (the shim made none)
 KEPT_FOR_ANY_TP = "XLKV_EQUAL_TP=true gives 1 descriptor per block"

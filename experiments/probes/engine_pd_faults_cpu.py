@@ -1,4 +1,4 @@
-"""P/D's failure paths on real vLLM engines on CPU: stock, the flag alone, the flag with every switch (issue 41 item 3).
+"""P/D's failure paths on real vLLM engines on CPU: stock, the flag alone, the flag with every switch.
 
     python experiments/probes/engine_pd_faults_cpu.py --python /work/envs/torch-2.13.0/bin/python --vllm 0.29.0 \
         --block-size 32 [--plant] [--out experiments/results/<date>-engine-pd-faults-cpu-0.29.0.json]

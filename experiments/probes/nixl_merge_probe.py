@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does NIXL merge descriptors whose memory is contiguous on both sides?  (Issue 14, CPU.)
+"""Does NIXL merge descriptors whose memory is contiguous on both sides?  (CPU.)
 
 One READ of N cross-layer blocks (one descriptor per block, as xlkv registers them) between
 two NIXL agents in this process (UCX on host memory), for several orders of the (local,

@@ -172,7 +172,7 @@ def register_wrapper(wrapped, instance, args, kwargs):
     except AssertionError as e:
         if f.mechanism == "layout" and _state.is_cross_layer(instance):
             over = storage_over_allocation(kv_caches) if isinstance(kv_caches, dict) else None
-            if over is not None:  # the cause of vLLM's failed check, named (issue 31 item 5)
+            if over is not None:  # the cause of vLLM's failed check, named
                 raise XlkvRegistrationError("%s (vLLM's check: %s)" % (over_allocated_message(over[0], over[1], f),
                                                                        _assertion_text(e))) from e
             raise XlkvRegistrationError(

@@ -23,7 +23,7 @@ How
     backends run with xlkv on a GPU (releases.MLA_BACKENDS), and the others keep the
     stock layout with a WARNING naming the backend.  A configuration that keeps the stock layout logs
     one WARNING saying why (XLKV_STRICT=1: an error).  An explicit
-    ``enable_cross_layers_blocks=false`` wins.  Heterogeneous TP (issue 44 item 3): an engine
+    ``enable_cross_layers_blocks=false`` wins.  Heterogeneous TP: an engine
     cannot know its peers' TP size at start-up, so where the cross-layer block that vLLM would
     allocate cannot be sliced by KV heads (``layout.sliced_by_heads``: every backend but FLASH_ATTN,
     and FLASH_ATTN on 0.23-0.25) the property answers False and the engine keeps the stock layout,

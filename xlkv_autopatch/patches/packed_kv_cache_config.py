@@ -10,7 +10,7 @@ Why
     ``kv_connector_extra_config={"enable_cross_layers_blocks": "true"}``, and the planner reads
     that from the config itself, so answering the connector's property is not enough.  vLLM's
     packed registration hashes ``cross_layers_blocks=False`` (the stock hash) and cannot slice
-    heads for another TP size, so (shim 0.8.0, issue 44 item 3) the shim packs only where
+    heads for another TP size, so (shim 0.8.0) the shim packs only where
     XLKV_EQUAL_TP=true says every peer runs this engine's TP size; otherwise the family decision
     (families.decide) keeps the stock layout with an INFO line and any TP pairing is served.
 How
