@@ -149,7 +149,7 @@ def test_unrecognised_flag_value_is_refused_loudly(env_with_pth, value):
 
 
 def test_a_start_up_error_is_printed_once_per_process(env_with_pth, env_without_pth):
-    """Issue 24: with ENABLE_XLKV=maybe the error line came twice (site.py of a 3.11 venv runs a
+    """With ENABLE_XLKV=maybe the error line came twice (site.py of a 3.11 venv runs a
     .pth twice; the checkout's sitecustomize.py repeated it); vLLM's plugin still raises it."""
     r = run_py(env_with_pth, "pass", ENABLE_XLKV="maybe", PYTHONPATH=ROOT)
     assert r.stderr.count("ENABLE_XLKV='maybe'") == 1, r.stderr
@@ -372,7 +372,7 @@ def test_pth_of_an_install_whose_package_is_gone_says_vllm_runs_stock(tmp_path):
     assert "this process runs STOCK vLLM" in r.stderr and "will refuse" not in r.stderr
 
 
-# --- issue 31 item 2: one behaviour for a bad knob or a missing dependency, whatever the path ---
+# --- one behaviour for a bad knob or a missing dependency, whatever the path ---
 
 #: a stand-in vLLM that, like vLLM, runs the vllm.general_plugins entry points while it starts
 FAKE_VLLM = """
@@ -456,7 +456,7 @@ BAD = {
 @pytest.mark.parametrize("bad", list(BAD))
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_activation_path_refuses_a_bad_knob_or_a_missing_dependency_alike(make_env, checkout, path, bad):
-    """Issue 31 item 2: through the checkout's sitecustomize.py, XLKV_EARLY_LOAD=2 or a missing wrapt ran
+    """Through the checkout's sitecustomize.py, XLKV_EARLY_LOAD=2 or a missing wrapt ran
     stock vLLM with one stderr line, where the .pth path refused.  Now vLLM does not start on any
     path, with the error naming the cause and the fix; the flag off, the same vLLM starts."""
     kwargs, extra = _path(path, checkout)

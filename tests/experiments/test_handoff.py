@@ -1,4 +1,4 @@
-"""The handoff split (issue 41 item 1): pdtools/handoff.py's join and parts (pure logic), and the
+"""The handoff split: pdtools/handoff.py's join and parts (pure logic), and the
 lab's trace hook (experiments/negative_control/xlkv_handoff_trace.py) on a stand-in NixlConnector
 with the KV connector API's method names and a stand-in of vLLM's Scheduler (first_run, first_out), in a
 subprocess.  The hook on real vLLM + NIXL:

@@ -1,7 +1,7 @@
-"""The lab's house (issue 35): experiments/pdtools is one package whose rooms are tied by imports,
+"""The lab's house: experiments/pdtools is one package whose rooms are tied by imports,
 on floors that import only downward (no circle, nothing that runs back up), with the jobs reached
-from the one entry point; the lab's scripts outside it are imported or started by it.  Issue 42
-item 2: the rooms talk in imports and arguments: none writes the environment (the door reads it
+from the one entry point; the lab's scripts outside it are imported or started by it.  The
+rooms talk in imports and arguments: none writes the environment (the door reads it
 once, settings.Settings) or edits sys.path."""
 
 import ast
@@ -75,7 +75,7 @@ def test_no_room_stands_apart():
 def test_the_labs_scripts_are_imported_or_started_by_the_package():
     """make_model.py (torch, run with PYTHONPATH cleared), pd_proxy.py (a server process) and
     wire_copy.py are started by the package; the doors hand over to it."""
-    # code only: string literals and import statements, never comments (issue 43 item 11: a name in a
+    # code only: string literals and import statements, never comments (a name in a
     # comment matched too)
     import ast
     import io
@@ -96,7 +96,7 @@ def test_the_labs_scripts_are_imported_or_started_by_the_package():
 
 
 def test_the_report_is_a_room_and_its_old_script_a_door():
-    """Issue 42 item 2: report.py lies in the package (it imports results, below it: no sys.path edit, no
+    """report.py lies in the package (it imports results, below it: no sys.path edit, no
     circle); experiments/report.py, which operators and experiments/README.md call, only hands over to it."""
     assert os.path.isfile(os.path.join(PKG, "report.py"))
     src = open(os.path.join(EXP, "report.py")).read()
@@ -107,7 +107,7 @@ def test_the_report_is_a_room_and_its_old_script_a_door():
 
 
 def test_the_package_exports_nothing_and_its_users_import_from_the_defining_module():
-    """Issue 42 item 2: pdtools/__init__.py re-exports no name (its doors, __main__ and experiments/report.py,
+    """pdtools/__init__.py re-exports no name (its doors, __main__ and experiments/report.py,
     import cli and report themselves); scripts and tests import ``from pdtools.<module> import name`` or
     ``from pdtools import <module>``, never a name through the package."""
     body = ast.parse(open(os.path.join(PKG, "__init__.py")).read()).body
@@ -178,7 +178,7 @@ def test_the_scans_see_every_kind_of_write():
 
 
 def test_no_room_writes_the_environment():
-    """Issue 42 item 2: no environment writes as messages between rooms; a child gets env= (settings.server_env,
+    """No environment writes as messages between rooms; a child gets env= (settings.server_env,
     Pair.child_env)."""
     found = {os.path.basename(p): _writes(open(p).read(), "os", "environ") for p in glob.glob(os.path.join(PKG, "*.py"))}
     assert {f: lines for f, lines in found.items() if lines and f not in ENV_WRITERS} == {}
@@ -198,7 +198,7 @@ def test_the_environment_is_read_at_the_door_only():
 
 
 def test_no_room_edits_sys_path():
-    """Issue 42 item 2: the rooms import each other, and what lies outside the package (the negative-control hook,
+    """The rooms import each other, and what lies outside the package (the negative-control hook,
     upstream_tests.py, the checkout's xlkv_autopatch where the Python has none) by location; only the folder
     run's door fixes sys.path."""
     found = {os.path.basename(p): _writes(open(p).read(), "sys", "path") for p in glob.glob(os.path.join(PKG, "*.py"))}

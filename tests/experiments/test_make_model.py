@@ -56,7 +56,7 @@ def test_varied_init_gives_outputs_that_depend_on_the_prompt():
     assert hf["distinct"] < 8, hf
 
 
-# ------------------------------------------------------------------ --arch (issue 32) ------------
+# ------------------------------------------------------------------ --arch ------------
 ARCH_EXPECT = {  # what vLLM is handed for each family (config.json)
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], num_hidden_layers=28, num_key_value_heads=8, head_dim=128),
     "mqa": dict(architectures=["Qwen3ForCausalLM"], num_hidden_layers=28, num_key_value_heads=1, head_dim=128),
@@ -188,7 +188,7 @@ def test_qwen3_is_the_default_and_an_old_marker_counts_as_qwen3(tmp_path):
 
 
 def test_one_table_of_model_shapes_serves_the_gpu_models_and_the_cpu_harness():
-    """Issue 35 item 3: make_model.py's architectures and the CPU harness's families are the two
+    """make_model.py's architectures and the CPU harness's families are the two
     entries of each row of experiments/model_shapes.py, not two tables."""
     sys.path.insert(0, EXP)
     sys.path.insert(0, os.path.join(os.path.dirname(EXP), "tests", "harness"))
@@ -214,7 +214,7 @@ def test_one_table_of_model_shapes_serves_the_gpu_models_and_the_cpu_harness():
 
 
 def test_the_table_is_keyed_by_the_packages_names_and_the_package_classifies_each_row_as_its_key(tmp_path):
-    """Issue 42 item 1: one vocabulary for model shape, owned by the package.  Each row's key is a family
+    """One vocabulary for model shape, owned by the package.  Each row's key is a family
     name of xlkv_autopatch.families, its ``attention`` an attention kind of the package, and the package's
     one classifier, given the config each tool writes for the row (make_model.py's GPU config, the
     harness's config folder), says that family and kind at TP 1."""

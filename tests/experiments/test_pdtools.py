@@ -674,7 +674,7 @@ def test_merge_keeps_per_rep_lists_aligned_when_an_older_file_lacks_a_key():
     assert c["run_ids"] == ["r1", "r2"] and c["d_queue_ms"] == [None, 40.0] and c["avg_d_queue_ms"] == 40.0
 
 
-# ------------------------------------------------------------------ model families (issue 32) ----
+# ------------------------------------------------------------------ model families ----
 # D's registration reports as experiments/negative_control/ writes them (the fields pdtools reads).
 # MLA, DeepSeek-V2-shaped, 8 layers, block 16: one latent page (512 + 64) * 2 B * 16 per layer.
 MLA_PAGE = 16 * (512 + 64) * 2
@@ -852,7 +852,7 @@ def test_reference_pd_stock_v1_separates_the_model_runner_from_the_layout():
 
 
 def test_an_empty_setting_reads_as_unset(monkeypatch):
-    """Issue 43 item 9: the scripts read ${X:-default}, so an empty value takes the default (a plant that read
+    """The scripts read ${X:-default}, so an empty value takes the default (a plant that read
     os.environ.get(name, default) let an empty TP_D through as "")."""
     from pdtools import settings
     monkeypatch.setenv("TP_D", "")
@@ -868,7 +868,7 @@ def test_an_empty_setting_reads_as_unset(monkeypatch):
 
 
 def test_a_shim_that_kept_the_stock_layout_for_any_tp_is_not_held_to_the_descriptor_promise(tmp_path):
-    """Issue 44 item 3: where D's log has the shim's INFO line (stock layout kept so that any TP pairing is
+    """Where D's log has the shim's INFO line (stock layout kept so that any TP pairing is
     served), the summary records it and checks no descriptor limit; without the line, 28 per block fails."""
     from pdtools import equivalence, runs as R
 

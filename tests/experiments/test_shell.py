@@ -29,7 +29,7 @@ sys.path.insert(0, EXP)
 from pdtools import configs, pair, settings  # noqa: E402
 from pdtools.gates import gate  # noqa: E402
 
-#: the environment builders, which may stay shell (issue 35)
+#: the environment builders, which may stay shell
 BUILDERS = ("bundle.sh", "mkenv.sh")
 DOORS = {"main.sh": "main", "pd_equivalence.sh": "equivalence", "pd_bench.sh": "bench", "run_gpu_cell.sh": "cell",
          "gpu.sh": "upstream"}
@@ -41,7 +41,7 @@ def test_there_are_scripts():
 
 
 def test_the_shell_doors_are_thin():
-    """Issue 35 done-when: outside the environment builders the lab's shell is thin doors into its
+    """Outside the environment builders the lab's shell is thin doors into its
     one Python package (<= ~150 lines in all), each handing its arguments to one job."""
     doors = [s for s in SCRIPTS if os.path.basename(s) not in BUILDERS]
     assert sum(len(open(s).read().splitlines()) for s in doors) <= 150
@@ -69,7 +69,7 @@ def test_scripts_are_strict(script):
     ("0.21.1", "runner-v1", False), ("0.22.0", "runner-v1", True), ("0.28.0", "runner-v1", True),
     ("0.29.0", "runner-v1", False), ("0.9.2", "native", False)])
 def test_release_gate_reads_the_shims_release_table(version, name, has):
-    """Issue 35: the lab's release gates come from xlkv_autopatch/releases.py (pdtools gate), so a
+    """The lab's release gates come from xlkv_autopatch/releases.py (pdtools gate), so a
     boundary is written once; a release without the thing says which releases have it."""
     ok, why = gate(name, version)
     assert ok is has, why
@@ -85,7 +85,7 @@ VERSION_LITERAL = re.compile(r"version_(ge|lt)\b|(>=?|<=?)\s*\(0,\s*\d+")
 
 
 def test_no_release_boundary_is_typed_in_the_lab():
-    """Issue 35 done-when: every release gate of the lab reads releases.py; the environment builders
+    """Every release gate of the lab reads releases.py; the environment builders
     (bundle.sh, tests/harness/mkenv.sh) and the probes may name versions."""
     skip = {"bundle.sh", "mkenv.sh"}
     found = []
@@ -509,7 +509,7 @@ def test_bench_prefill_only_and_fragmented_state_with_fake_vllm(tmp_path):
 
 
 def test_prefill_alone_with_the_detok_switch_starts_p_alone_with_it(tmp_path, monkeypatch):
-    """prefill_only-detok (issue 41): P alone, max_tokens=1, with the shim and XLKV_DETOK_TAIL=true, the prefill alone
+    """prefill_only-detok: P alone, max_tokens=1, with the shim and XLKV_DETOK_TAIL=true, the prefill alone
     the configs with that switch are compared with; prefill_only stays stock."""
     monkeypatch.setenv("SHIM_CHECK", "0")
     pytest.importorskip("aiohttp", reason="the proxy and the fake vLLM need it")
@@ -653,7 +653,7 @@ def test_run_gpu_cell_returns_its_console_even_when_timeout_stops_it(tmp_path):
     e = dict(os.environ, PATH=str(fake) + os.pathsep + os.environ["PATH"], OUT=str(tmp_path / "out"),
              WORK=str(tmp_path / "work"), RESULT_DIR=str(tmp_path / "res"))
     # timeout's own timer fires (SIGALRM) once the step hangs, however long a loaded machine took to get
-    # there (issue 43 item 11: a fixed `timeout 3` fired before the step began under load)
+    # there (a fixed `timeout 3` fired before the step began under load)
     p = subprocess.Popen(["timeout", "300", "bash", os.path.join(EXP, "run_gpu_cell.sh"), "status"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
     deadline = time.time() + 120
@@ -768,7 +768,7 @@ def test_proxy_lever_config_and_the_removed_shim_levers(monkeypatch):
     assert _cfg("stock")[4] == ""
 
 
-# ------------------------------------------------------------------ model families (issue 32) ----
+# ------------------------------------------------------------------ model families ----
 def _family_model(tmp_path, family):
     model = tmp_path / ("model-" + family)
     model.mkdir(exist_ok=True)
@@ -869,7 +869,7 @@ def test_sliding_window_hybrid_descriptors_are_per_block_id(tmp_path):
 
 
 def test_detok_config_sets_the_switch_on_p_and_d_and_cuda_graphs_on_request(tmp_path, monkeypatch):
-    """shim-detok (issue 41): the shim plus its XLKV_DETOK_TAIL switch on P and D (no lab hook: the switch is the
+    """shim-detok: the shim plus its XLKV_DETOK_TAIL switch on P and D (no lab hook: the switch is the
     package's); shim is unchanged.  ENFORCE_EAGER=0: the servers start without --enforce-eager (the default
     keeps it)."""
     monkeypatch.setenv("SHIM_CHECK", "0")

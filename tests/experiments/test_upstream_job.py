@@ -1,6 +1,6 @@
 """The lab's upstream job (pdtools/job_upstream.py) on this machine: ``run`` starts the stock, the
 flag-on and the switches runs of experiments/upstream/upstream_tests.py side by side (processes, as on a GPU machine), then
-merges and compares their result files by calling the tool's functions (issue 42 item 2: no output parsed).
+merges and compares their result files by calling the tool's functions (no output parsed).
 
 A stand-in Python answers the tool's ``PY -m pytest ...`` by writing what the probe plugin writes; the
 release's test tree is laid in the job's cache beforehand, so nothing is fetched."""

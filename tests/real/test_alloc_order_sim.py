@@ -3,7 +3,7 @@ as the judge: the block lists vLLM's pool hands out under a churned free queue a
 NIXL (UCX on host memory), in vLLM's order and in transfer_order's, and the descriptor counts
 the simulator reports (the shim's arithmetic, layout.merged_descriptor_count) must be the
 counts NIXL's telemetry reports for those very lists, with the bytes exact.  The saving that
-issue 14's analysis rests on is then taken from NIXL's counts, not from the arithmetic."""
+the descriptor-count analysis rests on is then taken from NIXL's counts, not from the arithmetic."""
 
 import json
 import os

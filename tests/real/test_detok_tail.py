@@ -1,4 +1,4 @@
-"""XLKV_DETOK_TAIL (patches/incremental_detokenizer.py, issue 41) through vLLM's own
+"""XLKV_DETOK_TAIL (patches/incremental_detokenizer.py) through vLLM's own
 FastIncrementalDetokenizer, per release: the text of every new token, step by step through vLLM's
 decode_next (its invalid-prefix recovery included), is the same with the switch on as with stock vLLM
 (ENABLE_XLKV unset), on a byte-level BPE and a SentencePiece-like BPE trained in the test, special
@@ -7,7 +7,7 @@ hazards (a prompt ending inside a character, a tail of special tokens only).  Th
 teeth: on the hazard prompts, a stream primed with the unguarded tail gives another text through the
 same vLLM code.  Releases without whole-prompt priming (0.12-0.16) get no wrapper at all.
 
-Fault injection (issue 41 item 3): P/D's failures reach the API server as finish reasons and aborts, so
+Fault injection: P/D's failures reach the API server as finish reasons and aborts, so
 the same processes drive vLLM's own OutputProcessor through them, switch on and stock: a KV load that
 failed under kv_load_failure_policy=fail (ERROR, no token), the engine aborting a request (a dead or
 timed-out prefill), the client aborting mid-stream (outputs still arriving), a recompute (empty steps,

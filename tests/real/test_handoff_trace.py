@@ -1,4 +1,4 @@
-"""The lab's handoff trace (experiments/negative_control/xlkv_handoff_trace.py, issue 41 item 1) on
+"""The lab's handoff trace (experiments/negative_control/xlkv_handoff_trace.py) on
 real vLLM + NIXL, on the newest CI release (0.33.0; XLKV_TEST_EVERYWHERE=1: every release): armed through the negative-control folder's sitecustomize as
 pdtools/pair.py arms it (HANDOFF_TRACE=1), it wraps every KV-connector method the release's
 NixlConnector has, changes no byte the harness moves, and writes the worker-side events of every

@@ -5,7 +5,7 @@ heads' slice of every layer and block.
 
 The rule under test (docs/safety.md, xlkv_autopatch/patches/handshake.py), ENABLE_XLKV
 on both sides, FLASH_ATTN: prefill TP 1 -> decode TP 2 is allowed where a cross-layer block
-keeps heads outermost (0.12-0.22, 0.26-0.28, and 0.29+ with xlkv's BHLNC rows: issue 44) and
+keeps heads outermost (0.12-0.22, 0.26-0.28, and 0.29+ with xlkv's BHLNC rows) and
 must then arrive byte for byte with one descriptor per block per remote rank; it is refused at
 handshake, naming heterogeneous TP, on 0.23-0.25. Stock vLLM (flag off) at TP 1 -> 2 is the
 control; TP 2 -> 2 with the shim is homogeneous and must transfer exactly."""
@@ -23,7 +23,7 @@ XLKV = {"ENABLE_XLKV": "true"}
 def hetero_tp_allowed(release):
     """Where FLASH_ATTN's cross-layer blocks keep the KV heads outermost, so xlkv serves prefill TP 1 ->
     decode TP 2 with them; elsewhere (0.23-0.25) the engine keeps the stock layout and serves it as stock
-    (issue 44 item 3; XLKV_EQUAL_TP=true would keep the blocks and refuse the pair)."""
+    (XLKV_EQUAL_TP=true would keep the blocks and refuse the pair)."""
     return (0, 12) <= release < (0, 23) or (0, 26) <= release
 
 
@@ -84,7 +84,7 @@ def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
             # every decode rank reads its heads' slice of a block with one descriptor
             assert [x["xfer_descs_per_block"] for x in case["ranks"]] == [1, 1], (name, case)
         if release_of(vllm_env) >= (0, 29):
-            # the heads-outermost rows on both sides (issue 44): one head per decode rank, two on prefill,
+            # the heads-outermost rows on both sides: one head per decode rank, two on prefill,
             # each side one region per block (page_contiguous.py has vLLM register the one-head rows whole)
             assert r["kv_layout"] == "BHLNC" and r["num_regions"] == 1, (r["kv_layout"], r["num_regions"])
             for x in r["d_ranks"] + r["p_ranks"]:
@@ -95,7 +95,7 @@ def test_xlkv_tp1_to_tp2_follows_the_release_rule(vllm_env, xlkv_1to2):
 
 
 def _assert_kept_stock_and_served(r, p_tp, d_tp, backend, kv_heads=2):
-    """Issue 44 item 3: the flag on, cross-layer blocks that cannot be sliced by KV heads: each side keeps
+    """The flag on, cross-layer blocks that cannot be sliced by KV heads: each side keeps
     the stock layout, says why in one INFO line naming XLKV_EQUAL_TP, and the pair moves exact bytes."""
     _assert_exact(r, p_tp, d_tp, kv_heads=kv_heads)
     assert all(x["cross_layer"] is False for x in r["d_ranks"] + r["p_ranks"]), r["d_ranks"]
@@ -126,7 +126,7 @@ def _assert_refused_naming_equal_tp(r, p_tp, d_tp, words, invalid_reported=True)
 
 
 def test_blocks_first_backend_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_env, tmp_path):
-    """Issue 44 item 3: TRITON_ATTN's cross-layer blocks (0.20-0.28) are blocks-first, so a remote rank's
+    """TRITON_ATTN's cross-layer blocks (0.20-0.28) are blocks-first, so a remote rank's
     heads are not one range of a block.  With the flag the engine keeps the stock layout (INFO line) and
     serves TP 1 -> 2 exactly, as stock does; with XLKV_EQUAL_TP=true it keeps the cross-layer blocks and the
     handshake refuses the pair, naming the knob.  Fails if the shim takes cross-layer blocks there by
@@ -186,7 +186,7 @@ def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
     """One region and one descriptor per block on every rank: 0.12-0.28 a cross-layer tensor per
     rank; 0.29+ BLNHC rows, which vLLM registers one region per layer at one head per rank (a
     layer's page is contiguous then) unless patches/page_contiguous.py hands it the pages as
-    non-contiguous views of the same bytes (issue 34: fails without that patch on 0.33)."""
+    non-contiguous views of the same bytes (fails without that patch on 0.33)."""
     r = xlkv_2to2
     _assert_exact(r, 2, 2)
     # the ranks of each side were forked from one process of that side (the harness's default; the
@@ -200,7 +200,7 @@ def test_xlkv_tp2_to_tp2_one_kv_head_per_rank(vllm_env, xlkv_2to2):
     if release_of(vllm_env) >= (0, 29):
         assert r["kv_layout"] == "BHLNC", r["kv_layout"]
         for x in r["d_ranks"] + r["p_ranks"]:
-            # issue 43 item 8: after the whole-row registration the worker keeps the runner's own views (its
+            # after the whole-row registration the worker keeps the runner's own views (its
             # receive post-processing reads them), not the content-major views page_contiguous.py handed it
             assert x["worker"]["device_views_are_the_runners"] is True, x["worker"]
             said = json.dumps(x["xlkv_log"])
@@ -269,8 +269,8 @@ def test_xlkv_tp1_to_tp2_catches_a_planted_wrong_head_offset(vllm_env, tmp_path)
 
 
 def test_xlkv_sliding_window_hybrid_tp1_to_tp2_one_kv_head_per_decode_rank(vllm_env, tmp_path):
-    """Issue 44 (the llm-d gpt-oss case, P TP 1 -> D TP 2) and issue 43 item 2 (a sliding-window hybrid at one
-    KV head per rank was registered per layer: 3 regions per block id while the log and status said 1): the
+    """The llm-d gpt-oss case (P TP 1 -> D TP 2; a sliding-window hybrid at one
+    KV head per rank was once registered per layer: 3 regions per block id while the log and status said 1): the
     gpt-oss-shaped hybrid (2 KV heads, several KV cache groups) with the flag, bytes exact on both decode
     ranks, one region per block id on every rank, 1 descriptor per block id per remote rank."""
     if release_of(vllm_env) < (0, 29):
@@ -291,7 +291,7 @@ def test_xlkv_sliding_window_hybrid_tp1_to_tp2_one_kv_head_per_decode_rank(vllm_
 
 
 def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_tp2(vllm_env, tmp_path):
-    """Issue 44 item 3, 0.24-0.28: vLLM's packed multi-group rows (every layer's page of every KV cache
+    """0.24-0.28: vLLM's packed multi-group rows (every layer's page of every KV cache
     group one after the other) cannot be sliced by KV heads.  With the flag the hybrid keeps the stock
     layout (INFO line) and TP 1 -> 2 moves exact bytes on both decode ranks, as stock; with
     XLKV_EQUAL_TP=true xlkv packs the groups and the handshake refuses the pair, naming the knob."""
@@ -307,7 +307,7 @@ def test_packed_sliding_window_hybrid_keeps_the_stock_layout_and_serves_tp1_to_t
                     step_timeout=60)
     assert equal["num_regions"] == 1, equal["num_regions"]  # packed: one row per block id
     # vLLM 0.26 itself reports no invalid block ids after a failed handshake of a model with several KV cache
-    # groups (a stock decode facing a tagged prefill does the same: noted on issue 44), so only recv_done here
+    # groups (a stock decode facing a tagged prefill does the same), so only recv_done here
     _assert_refused_naming_equal_tp(equal, 1, 2, "packed multi-group KV layout", invalid_reported=False)
 
 

@@ -1,4 +1,4 @@
-"""Issue 11, against real vLLM: with ENABLE_XLKV on, vLLM is patched or stops with a message that
+"""Against real vLLM: with ENABLE_XLKV on, vLLM is patched or stops with a message that
 names the real cause; never a silent stock run.  Each test drives the P/D harness (real
 NixlConnector, real NIXL on CPU) into one misconfiguration an operator can make."""
 
@@ -12,7 +12,7 @@ from conftest import harness, once_per_session, release_of, run_in
 
 
 def test_version_override_pointing_at_other_code_stops_vllm(vllm_env, tmp_path):
-    """Item 1: XLKV_VLLM_VERSION names a release whose patch set waits for a module this vLLM
+    """XLKV_VLLM_VERSION names a release whose patch set waits for a module this vLLM
     does not have: before, a silent stock run; now vLLM stops at NIXL connector creation."""
     once_per_session(vllm_env, "activation: the patch sets' trigger modules are checked by the same code on every release")
     other = "0.16.0" if release_of(vllm_env) >= (0, 20) else "0.21.0"
@@ -25,7 +25,7 @@ def test_version_override_pointing_at_other_code_stops_vllm(vllm_env, tmp_path):
 
 
 def test_refusal_is_repeated_after_a_second_import(vllm_env, tmp_path):
-    """Item 9: an unsupported release is refused at ``import vllm``; a caller that catches that and
+    """An unsupported release is refused at ``import vllm``; a caller that catches that and
     imports again still cannot create a NIXL connector."""
     once_per_session(vllm_env, "the refusal hook and the factory guard are the same code on every release")
     pre = tmp_path / "pre"
@@ -46,7 +46,7 @@ def test_refusal_is_repeated_after_a_second_import(vllm_env, tmp_path):
 
 
 def test_missing_wrapt_stops_vllm_with_the_fix(vllm_env, tmp_path):
-    """Item 2: the shim installed with --no-deps into an environment without wrapt."""
+    """The shim installed with --no-deps into an environment without wrapt."""
     once_per_session(vllm_env, "activation, before any vLLM module is patched")
     hide = tmp_path / "hide"
     (hide / "wrapt").mkdir(parents=True)
@@ -59,7 +59,7 @@ def test_missing_wrapt_stops_vllm_with_the_fix(vllm_env, tmp_path):
 
 
 def test_unrecognised_flag_value_stops_vllm(vllm_env, tmp_path):
-    """Item 8: ENABLE_XLKV=enabled was silently off."""
+    """ENABLE_XLKV=enabled was silently off."""
     once_per_session(vllm_env, "activation, before any vLLM module is patched")
     r = harness(vllm_env[1], tmp_path, "enabled", "--case", "noncontig", env={"ENABLE_XLKV": "enabled"})
     assert r["transfer_verified"] is False
@@ -67,7 +67,7 @@ def test_unrecognised_flag_value_stops_vllm(vllm_env, tmp_path):
 
 
 def test_a_removed_lever_is_a_warning_and_the_transfer_is_the_shims(vllm_env, tmp_path):
-    """Issue 31: XLKV_EARLY_LOAD / XLKV_NOTICE_WAIT were removed in 0.4.0.  A deployment that still sets
+    """XLKV_EARLY_LOAD / XLKV_NOTICE_WAIT were removed in 0.4.0.  A deployment that still sets
     them gets one WARNING per process naming the removal, not a refusal: the shim runs as without them."""
     once_per_session(vllm_env, "activation, before any vLLM module is patched")
     r = harness(vllm_env[1], tmp_path, "removed", "--case", "noncontig",
@@ -78,13 +78,13 @@ def test_a_removed_lever_is_a_warning_and_the_transfer_is_the_shims(vllm_env, tm
     assert "XLKV_NOTICE_WAIT='2' is not a value" not in r["_text"]
 
 
-# Item 4 (only prefill has ENABLE_XLKV; stock decode's own hash-mismatch error prints the remote
+# Only prefill has ENABLE_XLKV (stock decode's own hash-mismatch error prints the remote
 # hash, which says what the remote engine runs): test_pd_transfer.py's
 # test_flag_on_prefill_only_never_transfers checks it on the same run.
 
 
 def test_explicit_layout_on_one_side_is_named(vllm_env, tmp_path):
-    """Item 5 (0.29+): both sides flagged, VLLM_KV_CACHE_LAYOUT=LBHNC on decode only."""
+    """0.29+: both sides flagged, VLLM_KV_CACHE_LAYOUT=LBHNC on decode only."""
     if release_of(vllm_env) < (0, 29):
         pytest.skip("KV cache layouts exist from vLLM 0.29")
     r = harness(vllm_env[1], tmp_path, "d_layout", "--case", "noncontig", "--d-env", "VLLM_KV_CACHE_LAYOUT=LBHNC",
@@ -93,7 +93,7 @@ def test_explicit_layout_on_one_side_is_named(vllm_env, tmp_path):
     text = r["_text"]
     assert "here: VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins" in text, text[-4000:]
     assert "set ENABLE_XLKV=true on BOTH" not in text
-    # issue 43 item 1: decode says at start-up that the stock layout runs, and why (vLLM never asked the connector)
+    # decode says at start-up that the stock layout runs, and why (vLLM never asked the connector)
     said = json.dumps(r["d"]["xlkv_log"])
     assert "WARNING xlkv_autopatch: ENABLE_XLKV is set but the stock per-layer KV layout is kept: " \
            "VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins: this engine runs LBHNC" in said, said[-3000:]
@@ -106,7 +106,7 @@ def test_explicit_layout_on_one_side_is_named(vllm_env, tmp_path):
 
 
 def test_explicit_stock_layout_with_strict_stops_the_engine(vllm_env, tmp_path):
-    """Issue 43 item 1 (0.29+): ENABLE_XLKV=true XLKV_STRICT=1 VLLM_KV_CACHE_LAYOUT=LBHNC ran the stock layout
+    """0.29+: ENABLE_XLKV=true XLKV_STRICT=1 VLLM_KV_CACHE_LAYOUT=LBHNC ran the stock layout
     silently (vLLM reads the variable before asking the connector); strict must stop the engine with the
     cause."""
     if release_of(vllm_env) < (0, 29):
@@ -121,7 +121,7 @@ def test_explicit_stock_layout_with_strict_stops_the_engine(vllm_env, tmp_path):
 
 
 def test_smaller_kernel_block_on_one_side_is_named_as_such(vllm_env, tmp_path):
-    """Item 6: the same --block-size (32) on both sides, a 16-token attention kernel block on
+    """The same --block-size (32) on both sides, a 16-token attention kernel block on
     decode only.  The refusal must not say "use the same --block-size"."""
     r = harness(vllm_env[1], tmp_path, "d_kernel", "--case", "noncontig", "--p-block-size", "32", "--d-block-size", "32",
                 "--d-kernel-block-size", "16", env={"ENABLE_XLKV": "true"})
@@ -175,7 +175,7 @@ def test_flag_on_one_side_is_named_with_vllms_hash_check_off(vllm_env, tmp_path)
 
 
 def test_same_layout_name_registered_per_layer_is_named_with_the_hash_check_off(vllm_env, tmp_path):
-    """Issue 43 item 3 (0.29+): with vLLM's hash check off, a flagged decode facing a prefill on vLLM's own
+    """0.29+: with vLLM's hash check off, a flagged decode facing a prefill on vLLM's own
     BHLNC without the flag at one KV head per rank (both publish BHLNC; the prefill registers one region per
     layer, the decode one per row) was refused by vLLM's generic "Number of KV layers must match"; xlkv
     compares what was registered and names it."""
@@ -243,7 +243,7 @@ MLA_LAYOUT = textwrap.dedent("""
 
 
 def test_mla_is_packed_and_pipeline_parallel_mla_keeps_the_stock_layout_loudly(vllm_env, tmp_path):
-    """0.29+ (issue 32): an MLA model requests BLNHC (vLLM registers one packed latent row per
+    """0.29+: an MLA model requests BLNHC (vLLM registers one packed latent row per
     block), with an INFO line that names MLA; with pipeline parallel size 2 the shim keeps the stock
     layout with a WARNING naming the cause, and XLKV_STRICT=1 makes that an error."""
     if release_of(vllm_env) < (0, 29):

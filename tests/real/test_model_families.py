@@ -7,20 +7,20 @@
 - one-kv-head: one KV head (MQA) (TP 1: the one-KV-head-per-rank registration).
 
 Per family: bytes exact, stock and with ENABLE_XLKV=true (every KV cache group checked). On
-0.29+ the descriptor targets of issue 32, from what D's vLLM registered and from the one
+0.29+ the descriptor targets, from what D's vLLM registered and from the one
 transfer: flag on <= vLLM's own best setting (native: VLLM_KV_CACHE_LAYOUT=BLNHC on both
 sides), 1 descriptor per block for MLA, 1 per block id for sliding-window hybrids and 1 per
-block at one KV head (issue 34: patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py; the
+block at one KV head (patches/page_contiguous.py; TP 2 -> 2 in test_hetero_tp.py; the
 one-kv-head xlkv run's first request is the mixed pair, a prefill on vLLM's own BLNHC, refused). One
 harness run per family and config (a single request carrying every group's block ids): on 0.29+
 releases (CI's time), 8 runs per release (native for mla and sliding-window) and 1 (the planted fault) on the
 newest selected.
-On 0.24-0.28 (issue 33 item 1) the sliding-window family only, stock and xlkv (2 runs; xlkv with XLKV_EQUAL_TP=true,
+On 0.24-0.28 the sliding-window family only, stock and xlkv (2 runs; xlkv with XLKV_EQUAL_TP=true,
 which packing needs since shim 0.8.0): the flag packs the
 sliding-window and full-attention groups as vLLM's own opt-in (enable_cross_layers_blocks) does,
 1 descriptor per block id, the figure vLLM's opt-in registered in the results file of the release
 (NATIVE_FIGURES; measured once, not in CI), and D's compatibility hash is tagged.
-On 0.26-0.28 (issue 33 item 2) the mla family too, stock and xlkv (2 runs): the flag gives vLLM's
+On 0.26-0.28 the mla family too, stock and xlkv (2 runs): the flag gives vLLM's
 MLA backends that read their latent cache by the block stride (TRITON_MLA on the CPU harness) one
 cross-layer latent tensor, 1 descriptor per block where stock registers one per layer, which no vLLM
 setting does on these releases; the xlkv run's first request goes to an unflagged prefill, refused.
@@ -53,7 +53,7 @@ EQUAL_TP = {"XLKV_EQUAL_TP": "true"}
 
 
 #: the one-kv-head xlkv run's first request goes to a second prefill on vLLM's own BLNHC without the flag
-#: (one region per layer), which the flagged decode (one region per row) must refuse (issue 34)
+#: (one region per layer), which the flagged decode (one region per row) must refuse
 MIXED_PAIR = ("--refused-peer-env", "ENABLE_XLKV=false", "--refused-peer-env", "VLLM_KV_CACHE_LAYOUT=BLNHC")
 
 
@@ -66,7 +66,7 @@ def _packed_release(vllm_env):
     return PACKED[0] <= release_of(vllm_env) < PACKED[1]
 
 
-#: the releases where xlkv gives MLA one cross-layer latent tensor (issue 33 item 2), written here and
+#: the releases where xlkv gives MLA one cross-layer latent tensor, written here and
 #: not read from releases.py, so that a release table that drops it fails these tests
 MLA_CROSS_LAYER = ((0, 26), (0, 29))
 
@@ -130,7 +130,7 @@ def _assert_bytes_exact(r, family):
     assert r["family"] == family
     case = _groups_case(r)
     assert case["ok"] and case["bytes_ok"] and case["num_mismatches"] == 0, case
-    groups = case["groups"]  # one entry per KV cache group, each checked (issue 43 item 11: never an empty loop)
+    groups = case["groups"]  # one entry per KV cache group, each checked (never an empty loop)
     assert len(groups) == len(r["kv_cache_groups"]) >= 1, (groups, r["kv_cache_groups"])
     for g in groups:
         assert g["blocks_checked"] > 0 and g["mismatches"] == 0, g
@@ -172,7 +172,7 @@ def _per_block(r):
     return r["registered"].get("descs_per_block_id", r["descs_per_block"]), _groups_case(r)["xfer_descs_per_block"]
 
 
-@pytest.mark.parametrize("family", ["mla", "sliding-window"])  # one-kv-head: recorded only (issue 34), no native run
+@pytest.mark.parametrize("family", ["mla", "sliding-window"])  # one-kv-head: recorded only, no native run
 def test_flag_on_never_more_descriptors_than_vllms_own_setting(vllm_env, runs, family):
     if release_of(vllm_env) < (0, 29):
         pytest.skip("issue 32's targets are for 0.29+ (VLLM_KV_CACHE_LAYOUT=BLNHC is vLLM's setting there)")
@@ -195,7 +195,7 @@ def test_mla_flag_on_is_one_descriptor_per_block(vllm_env, runs):
 
 
 def test_mla_flag_on_is_one_cross_layer_tensor_where_no_vllm_setting_is(vllm_env, runs):
-    """0.26-0.28 (issue 33 item 2): vLLM's NIXL opt-in accepts no MLA backend, so stock and its own
+    """0.26-0.28: vLLM's NIXL opt-in accepts no MLA backend, so stock and its own
     best setting register one latent region per layer; with the flag TRITON_MLA (which reads its
     latent cache by the block stride) gets one cross-layer tensor: 1 region, 1 descriptor per
     block, bytes exact, D's hash tagged. The xlkv run's first request went to an unflagged
@@ -246,7 +246,7 @@ def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
 
 
 def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env, runs):
-    """The mixed pair of issue 34: at one KV head vLLM's own BLNHC registers one region per layer
+    """The mixed pair at one KV head: at one KV head vLLM's own BLNHC registers one region per layer
     and the flagged side one per block row, so their descriptors would not line up. The flagged
     decode refuses that prefill at the handshake with the cause, and serves the next request
     (the cases of the same run, against the flagged prefill)."""
@@ -265,7 +265,7 @@ def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env,
 
 
 def test_swa_with_a_nixl_only_multiconnector_on_one_side_packs_alike(vllm_env, tmp_path):
-    """Issue 43 item 4 (0.24-0.28): a prefill whose NixlConnector sits alone in a MultiConnector kept the
+    """0.24-0.28: a prefill whose NixlConnector sits alone in a MultiConnector kept the
     stock layout (WARNING) while a plain decode packed, and the pair was refused naming "a MultiConnector
     with a connector that takes no cross-layer blocks"; stock vLLM serves it. Both sides now pack alike:
     bytes exact, one region per block id."""
@@ -280,7 +280,7 @@ def test_swa_with_a_nixl_only_multiconnector_on_one_side_packs_alike(vllm_env, t
 
 
 def test_swa_flag_on_packs_the_groups_as_vllms_own_opt_in(vllm_env, runs):
-    """0.24-0.28 (issue 33 item 1): with ENABLE_XLKV=true the sliding-window and full-attention
+    """0.24-0.28: with ENABLE_XLKV=true the sliding-window and full-attention
     groups share vLLM's packed multi-group allocation, registered as 1 NIXL region: as many
     descriptors per block id as vLLM's own opt-in (enable_cross_layers_blocks) registered, 1, where
     stock registers one per shared layer tensor; bytes exact in every group; D's compatibility hash

@@ -1,4 +1,4 @@
-"""What issue 14's coalescing lever rests on, with real NIXL (UCX on host memory): NIXL merges
+"""What the descriptor-coalescing lever rests on, with real NIXL (UCX on host memory): NIXL merges
 descriptors whose memory is contiguous and increasing on both sides, in list order, and
 nothing else (experiments/probes/nixl_merge_probe.py)."""
 

@@ -75,7 +75,7 @@ def test_flag_on_prefill_only_never_transfers(vllm_env, tmp_path):
 
 
 def test_flag_on_prefill_only_the_stock_decode_dies_on_0_12_to_0_21_and_status_says_so(vllm_env, tmp_path):
-    """Issue 31 item 4, the documented hazard: D runs stock (no flag, so no shim guard there) and its
+    """The documented hazard: D runs stock (no flag, so no shim guard there) and its
     first request goes to a prefill with ENABLE_XLKV=true.  D refuses that handshake itself (the
     tagged hash).  On 0.12-0.21 vLLM's own get_finished then looks the refused engine up and D's
     worker dies (KeyError); from 0.22 vLLM skips failed receives and D serves the next request from a
@@ -279,7 +279,7 @@ def test_over_allocated_tensors(vllm_env, tmp_path):
     if rel >= (0, 29):
         # vLLM's own registration fails on the block-outermost view ("cannot be partitioned into NIXL
         # regions"), before any metadata is published; xlkv names the cause, the over-allocation
-        # (issue 31 item 5: the text named the partition failure), and the fix
+        # (the text named the partition failure), and the fix
         assert r["transfer_verified"] is False
         text = json.dumps(r["errors"])
         assert "the KV tensors are over-allocated, they hold 50 blocks and the scheduler budget " \
@@ -303,7 +303,7 @@ def test_regions_that_disagree_on_their_block_count_are_refused(vllm_env, tmp_pa
     (--plant-fault uneven-regions: the cross-layer tensor plus a view one block shorter; 0.29+: the
     first layer's view one block short).  vLLM 0.12-0.17 take the count from the first region and
     check no other, so without xlkv's refusal (patches/block_count.py) they register them and the
-    run completes (issue 31: removing the refusal passed every test; on 0.14.1 this run then
+    run completes (removing the refusal passed every test; on 0.14.1 this run then
     verified its transfer).  Refused at D's registration, before any metadata is published."""
     r = harness(vllm_env[1], tmp_path, "uneven", "--case", "noncontig", "--plant-fault", "uneven-regions",
                 env={"ENABLE_XLKV": "true"})

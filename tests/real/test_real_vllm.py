@@ -105,7 +105,7 @@ def test_plugin_path_activates_when_flag_set_in_script(vllm_env, tmp_path):
 
 
 def test_kvcached_flag_alone_is_no_problem(vllm_env):
-    """Issue 11 item 3: ENABLE_KVCACHED without ENABLE_XLKV is kvcached's business (status OK);
+    """ENABLE_KVCACHED without ENABLE_XLKV is kvcached's business (status OK);
     with ENABLE_XLKV too, status names the conflict and fails."""
     once_per_session(vllm_env, "status's flag check is the shim's own code, the same on every release")
     version, python = vllm_env

@@ -6,7 +6,7 @@ experiments/upstream/cpu-passing.json pins, per release, the test ids of
 (``upstream_tests.py pin-cpu``).  Here each of them runs three times in the release's environment:
 with the shim hidden from the interpreter (stock), with the flag on, and with the flag and every switch on.  Every id must pass
 stock (otherwise the pin is stale) and give the same outcome with the flag on, and with the flag and every
-switch on (``switches``: XLKV_DETOK_TAIL, issue 41 item 3), unless
+switch on (``switches``: XLKV_DETOK_TAIL), unless
 upstream_tests.INTENDED names the difference and its reason.  The probe plugin refuses an
 "on" run in which no NIXL patch set was applied, so a green "on" run is not a stock run.
 

@@ -173,7 +173,7 @@ def test_the_image_layer_installs_the_wheel_and_sets_nothing():
 
 
 def test_deploy_names_no_wheel_version_or_size_it_does_not_derive():
-    """Issue 43 item 6: docs/deploy.md named a wheel of 0.3.12 (76 KB) long after; a version or a size typed
+    """docs/deploy.md named a wheel of 0.3.12 (76 KB) long after; a version or a size typed
     into the text goes stale, so the text names none."""
     text = open(os.path.join(ROOT, "docs", "deploy.md")).read()
     assert not re.search(r"xlkv_autopatch-\d+\.\d+\.\d+-py3", text), "a typed wheel version in docs/deploy.md"

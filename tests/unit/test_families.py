@@ -77,7 +77,7 @@ def test_decide(family_facts, layouts, cross, words):
     assert words in d.reason
     assert d.reason.startswith(FM.TITLES[d.family])
     # 0.29+: heads outermost wherever heads are split over ranks, token-major rows for MLA; whole-row
-    # registration at one KV head per rank whatever the family (issue 43 item 2: a sliding-window hybrid too)
+    # registration at one KV head per rank whatever the family (a sliding-window hybrid too)
     want = None if not (layouts and cross) else "BLNHC" if family_facts.replicated else "BHLNC"
     assert d.layout == want
     assert d.whole_rows is bool(layouts and cross and not family_facts.replicated and family_facts.one_kv_head_per_rank)
@@ -111,7 +111,7 @@ MLA_H100 = ("FLASH_ATTN_MLA", "TRITON_MLA")
 
 
 def test_mla_gets_one_cross_layer_tensor_where_the_release_names_mla_backends():
-    """0.26-0.28 (issue 33 item 2): MLA takes one cross-layer latent tensor on the MLA backends the
+    """0.26-0.28: MLA takes one cross-layer latent tensor on the MLA backends the
     release row names; sparse MLA, pipeline stages and releases without MLA backends keep stock."""
     mla = facts(DEEPSEEK_V3, use_mla=True, heads=1)
     d = FM.decide(mla, rel(False, mla=MLA_H100))
@@ -192,13 +192,13 @@ def test_sliding_and_full():
     assert not FM.sliding_and_full((), 4096)
 
 
-# ------------------------------------------------------------------ one vocabulary (issue 42 item 1) ------
+# ------------------------------------------------------------------ one vocabulary ------
 LLAMA_70B = dict(model_type="llama", num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8)
 
 
 def test_shape_is_independent_axes_and_the_family_is_derived_from_them():
     """A sliding-window hybrid at one KV head per rank (gpt-oss-120b's 8 KV heads at TP 8) keeps both facts:
-    named sliding-window, decided with the one-head registration too (issues 43 item 2, 44 item 5)."""
+    named sliding-window, decided with the one-head registration too."""
     g = FM.classify(GPT_OSS, tp=8)
     assert (g.attention, g.kv_heads, g.kv_heads_per_rank, g.mamba) == (FM.SLIDING_WINDOW, 8, 1, False)
     assert g.family == FM.family(g) == FM.SLIDING_WINDOW and g.one_kv_head_per_rank

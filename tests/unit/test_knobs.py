@@ -54,7 +54,7 @@ def test_an_unknown_value_of_any_knob_is_an_error_naming_knob_value_and_accepted
 
 
 def test_strict_and_coalesce_go_through_the_knob_parser(monkeypatch):
-    """Issue 20: XLKV_STRICT=ture was silently off (lenient truthy)."""
+    """XLKV_STRICT=ture was silently off (lenient truthy)."""
     monkeypatch.setenv("XLKV_STRICT", "ture")
     with pytest.raises(XlkvFlagError, match="XLKV_STRICT='ture'"):
         _fallback.strict()
@@ -110,7 +110,7 @@ REMOVED = ["XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"]
 
 
 def test_the_removed_knobs_are_gone_from_the_package_and_named_as_removed():
-    """0.4.0 removed the handoff levers (issue 31): no knob, no patch file, no code reads them; only
+    """0.4.0 removed the handoff levers: no knob, no patch file, no code reads them; only
     flag.REMOVED names them, and the docs say they were removed."""
     assert sorted(flag.REMOVED) == REMOVED and all(v[0] == "0.4.0" for v in flag.REMOVED.values())
     assert not set(REMOVED) & set(NAMES)
@@ -162,7 +162,7 @@ def test_start_up_warns_once_per_process_about_a_removed_knob_and_activates(monk
     ("vllm_plugin", "installed with --no-deps", "sitecustomize"),
 ])
 def test_a_missing_dependency_names_the_activation_path_that_ran(monkeypatch, source, says, never):
-    """Issue 43 item 5: on the checkout's sitecustomize path nothing was installed, so "--no-deps" is not the cause."""
+    """On the checkout's sitecustomize path nothing was installed, so "--no-deps" is not the cause."""
     from xlkv_autopatch.errors import XlkvDependencyError
     monkeypatch.setenv("ENABLE_XLKV", "1")
     monkeypatch.setitem(sys.modules, "wrapt", None)  # import wrapt raises ImportError

@@ -217,7 +217,7 @@ def test_explicit_layout_variable_is_named():
 
 
 def test_explicit_layout_0_29():
-    """Issue 43 item 1: an explicit VLLM_KV_CACHE_LAYOUT decides on 0.29+ (vLLM never asks the connector)."""
+    """An explicit VLLM_KV_CACHE_LAYOUT decides on 0.29+ (vLLM never asks the connector)."""
     assert L.explicit_layout(None) is None and L.explicit_layout(" ") is None
     stock = L.explicit_layout("LBHNC")
     assert not stock.use and "VLLM_KV_CACHE_LAYOUT=LBHNC is set explicitly and wins" in stock.reason
@@ -229,7 +229,7 @@ def test_explicit_layout_0_29():
 
 
 def test_heterogeneous_tp_0_29():
-    """Issue 44: heads-outermost rows are sliceable, token-major ones are not; MLA is replicated."""
+    """Heads-outermost rows are sliceable, token-major ones are not; MLA is replicated."""
     kw = dict(cross_layer=True, blocks_first=False, whole_row_layout=True)
     assert L.heterogeneous_tp_supported(tp_ratio=2, heads_outermost_rows=True, **kw).use
     assert L.heterogeneous_tp_supported(tp_ratio=-4, heads_outermost_rows=True, **kw).use

@@ -1,4 +1,4 @@
-"""Issue 43 item 10: every figure of docs/measurements.md, docs/deploy.md and README.md's prose comes from a file
+"""Every figure of docs/measurements.md, docs/deploy.md and README.md's prose comes from a file
 (experiments/results/, a log line kept there, or the source a figure is about), or goes.
 
 The claims (a template and a function of the files each) and their check live in tools/docfigures.py, which also

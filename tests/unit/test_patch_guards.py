@@ -428,7 +428,7 @@ def test_block_counts_reconciled_before_registration(release):
 
 def test_regions_that_disagree_refused_where_vllm_checks_no_count(release):
     """0.12-0.17 take the registered count from the first region and check no other (no budget,
-    so no reconciliation behind this check): the refusal is the only guard there (issue 31; on real
+    so no reconciliation behind this check): the refusal is the only guard there (on real
     vLLM: tests/real/test_pd_transfer.py, --plant-fault uneven-regions)."""
     release("0.14.1")
     assert not facts.current().budget_block_count
@@ -535,7 +535,7 @@ def test_native_preference_sees_the_opt_in_without_editing_the_config(release, m
     conn._vllm_config.model_config.use_mla = True
     assert cross_layer_preference.native_wrapper(upstream_property, conn, (conn,), {}) is False
     conn._vllm_config.model_config.use_mla = False
-    # issue 44 item 3: cross-layer blocks that cannot be sliced by KV heads (a blocks-first backend, FLASH_ATTN
+    # cross-layer blocks that cannot be sliced by KV heads (a blocks-first backend, FLASH_ATTN
     # on 0.23-0.25) would refuse a peer at another TP size, which stock serves: the stock layout, one INFO line
     for rel, name in (("0.21.0", "FLASHINFER"), ("0.21.0", "TRITON_ATTN"), ("0.24.0", "FLASH_ATTN")):
         release(rel)
@@ -627,7 +627,7 @@ def test_multi_connector_register_reaches_every_child():
 
 
 def test_over_allocation_is_seen_in_the_storage_under_budget_sized_views():
-    """Issue 31 item 5: 0.29+ reshape an over-allocated tensor to the budget's block count, so only
+    """0.29+ reshape an over-allocated tensor to the budget's block count, so only
     the storage underneath holds the extra blocks; vLLM's check then fails as "cannot be
     partitioned", and the shim names the over-allocation instead.  (Real torch tensors, no vLLM.)"""
     torch = pytest.importorskip("torch")
@@ -705,7 +705,7 @@ def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_pag
     assert seen["given"] is not kv and w.num_regions == 1
     assert w.device_kv_caches is kv  # vLLM's own views for everything after registration
     assert _state.heads_outermost(w) == (True, None)  # handshake.py may let vLLM slice its heads
-    # a sliding-window hybrid at one KV head per rank gets the same (issue 43 item 2: the family no longer decides)
+    # a sliding-window hybrid at one KV head per rank gets the same (the family no longer decides)
     swa = types.SimpleNamespace(**dict(vars(w), vllm_config=_model_cfg(heads=1, hf=SWA_HF)))
     swa.__dict__.pop(_state.HEADS_MARK, None)
     assert page_contiguous.register_wrapper(vllm_like, types.SimpleNamespace(connector_worker=swa), (kv,), {})
@@ -719,7 +719,7 @@ def test_one_kv_head_rows_reach_vllm_as_the_same_bytes_with_a_non_contiguous_pag
         assert seen["given"] is views
         sliceable, why = _state.heads_outermost(w2)
         assert sliceable is verdict[0] and (why is None if verdict[1] is None else verdict[1] in why), why
-    # pipeline parallel > 1 at one KV head per rank (issue 43 item 7): the family keeps the stock layout, so
+    # pipeline parallel > 1 at one KV head per rank: the family keeps the stock layout, so
     # the views reach vLLM untouched even under a whole-row layout name (a plant dropping decision.cross_layer
     # from the check hands them over)
     pp2 = _model_cfg(heads=1)
@@ -774,7 +774,7 @@ def test_packed_predicate_packs_sliding_window_hybrids_only(release, monkeypatch
                 _planner_cfg(connector="LMCacheConnectorV1", hf=SWA_HF)):
         assert P.predicate_wrapper(no, None, (cfg, two), {}) is False
     assert _state.stock_reasons() == []
-    # a MultiConnector of NIXL connectors only: the same decision as a plain NixlConnector (issue 43 item 4)
+    # a MultiConnector of NIXL connectors only: the same decision as a plain NixlConnector
     nixl_only = dict(connectors=[{"kv_connector": "NixlConnector"}])
     assert P.predicate_wrapper(no, None, (_planner_cfg(connector="MultiConnector", extra=nixl_only, hf=SWA_HF), two),
                                {}) is True
@@ -866,7 +866,7 @@ def test_native_preference_of_a_sliding_window_hybrid_follows_its_kv_cache_group
 
 
 def test_native_preference_of_mla_follows_the_release_and_its_backend(release, monkeypatch):
-    """0.26-0.28 (issue 33 item 2): vLLM's own guard accepts no MLA backend; under the flag an MLA
+    """0.26-0.28: vLLM's own guard accepts no MLA backend; under the flag an MLA
     model gets cross-layer blocks on the MLA backends of the release row (releases.MLA_BACKENDS)
     that index their latent cache by the block stride; any other MLA backend keeps the stock layout
     with a WARNING naming it; 0.21 (no MLA backends in its row) keeps stock with the family named."""
@@ -925,7 +925,7 @@ def test_native_preference_of_mla_follows_the_release_and_its_backend(release, m
 
 
 def test_backport_preference_keeps_the_stock_layout_for_a_blocks_first_backend(release, monkeypatch):
-    """0.12-0.15 (issue 44 item 3): FLASHINFER's cross-layer blocks cannot be sliced by KV heads, so the
+    """0.12-0.15: FLASHINFER's cross-layer blocks cannot be sliced by KV heads, so the
     backported preference answers False (the stock layout, any TP pairing served) unless XLKV_EQUAL_TP=true;
     FLASH_ATTN keeps its heads-outermost blocks."""
     import sys

@@ -1,4 +1,4 @@
-"""xlkv_autopatch.prompt_tail, the pure logic of the XLKV_DETOK_TAIL switch (issue 41): a decode stream
+"""xlkv_autopatch.prompt_tail, the pure logic of the XLKV_DETOK_TAIL switch: a decode stream
 primed with the prompt's last n ids instead of the whole prompt must give the same text, token by token,
 as the whole-prompt priming vLLM 0.17+ does.  Real `tokenizers` DecodeStreams on tokenizers trained
 by tests/trained_tokenizers.py: a byte-level BPE (multi-byte characters split across tokens) and a Metaspace BPE with byte

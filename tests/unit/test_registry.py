@@ -351,7 +351,7 @@ def installed_vllm(tmp_path, monkeypatch):
 
 
 def test_refusals_name_the_override_both_versions_and_unsetting_it(tree, monkeypatch, installed_vllm):
-    """Issue 25 item 5: with XLKV_VLLM_VERSION naming another release than the installed one, the
+    """With XLKV_VLLM_VERSION naming another release than the installed one, the
     refusal said "install a vLLM release in >=0.12,<0.34" and never mentioned the override."""
     installed_vllm("0.33.0")
     monkeypatch.setenv("XLKV_VLLM_VERSION", "0.21.0")
@@ -374,7 +374,7 @@ def test_refusals_name_the_override_both_versions_and_unsetting_it(tree, monkeyp
 
 
 def test_a_refused_precheck_keeps_its_own_fix_and_the_guard_repeats_it(tree):
-    """Issue 25 item 10: the kvcached refusal ended with "install a vLLM release in ...", and after a
+    """The kvcached refusal ended with "install a vLLM release in ...", and after a
     caller caught it the connector guard blamed a trigger module "never imported" and a fork."""
     from xlkv_autopatch.errors import XlkvError
     from xlkv_autopatch.patches import kv_connector_factory as guard

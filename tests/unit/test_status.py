@@ -52,7 +52,7 @@ def test_healthy_configuration_is_ok(status):
                                  {"ENABLE_XLKV": "maybe"}])
 @pytest.mark.parametrize("flag", ["true", None])
 def test_every_knob_error_is_a_problem_and_a_non_zero_exit(status, env, flag):
-    """Issue 25 items 6/7: XLKV_COALESCE=garbage gave "status: OK", exit 0, while every cross-layer
+    """XLKV_COALESCE=garbage gave "status: OK", exit 0, while every cross-layer
     worker then stopped with XlkvFlagError; XLKV_STRICT=2 was silently off."""
     if flag and "ENABLE_XLKV" not in env:
         env = dict(env, ENABLE_XLKV=flag)
@@ -65,7 +65,7 @@ def test_every_knob_error_is_a_problem_and_a_non_zero_exit(status, env, flag):
 
 
 def test_without_vllm_it_says_where_the_shim_is_the_range_and_what_to_do(status):
-    """Issue 24: "ENABLE_XLKV: None", no word on installing into vLLM's environment or the range."""
+    """status printed "ENABLE_XLKV: None", no word on installing into vLLM's environment or the range."""
     rc, text = status()
     assert rc == 1
     assert "None" not in text and "ENABLE_XLKV: unset -> off (stock vLLM)" in text
@@ -81,7 +81,7 @@ def test_without_vllm_it_says_where_the_shim_is_the_range_and_what_to_do(status)
 
 
 def test_an_override_naming_another_release_is_shown_with_both_versions(status):
-    """Issue 25 item 5: status printed "vLLM: 0.21.0 [supported]" with 0.33.0 installed."""
+    """status printed "vLLM: 0.21.0 [supported]" with 0.33.0 installed."""
     rc, text = status("0.33.0", ENABLE_XLKV="true", XLKV_VLLM_VERSION="0.21.0")
     assert "vLLM: 0.33.0 installed; XLKV_VLLM_VERSION=0.21.0 overrides it, so the patch sets of vLLM 0.21.0 are " \
            "used" in text, text
@@ -200,7 +200,7 @@ def refusals(text):
 
 @pytest.mark.parametrize("flag", ["true", None])
 def test_a_knob_error_says_what_happens_whatever_the_activation_path(status, flag):
-    """Issue 31 item 2: status said "vLLM refuses to start" while the checkout's sitecustomize.py ran
+    """status said "vLLM refuses to start" while the checkout's sitecustomize.py ran
     stock; every path now refuses alike, and status says how."""
     env = {"XLKV_COALESCE": "2"}
     if flag:
@@ -215,7 +215,7 @@ def test_a_knob_error_says_what_happens_whatever_the_activation_path(status, fla
 @pytest.mark.parametrize("name", ["XLKV_EARLY_LOAD", "XLKV_NOTICE_WAIT"])
 @pytest.mark.parametrize("value", ["1", "maybe"])
 def test_a_removed_lever_is_a_note_not_a_problem(status, name, value):
-    """Issue 31: the handoff levers were removed in 0.4.0; a deployment that still sets one is told, not refused."""
+    """The handoff levers were removed in 0.4.0; a deployment that still sets one is told, not refused."""
     rc, text = status("0.33.0", ENABLE_XLKV="true", **{name: value})
     assert rc == 0 and problems(text) == [], text
     (note,) = [n for n in notes(text) if name in n]
@@ -225,7 +225,7 @@ def test_a_removed_lever_is_a_note_not_a_problem(status, name, value):
 
 @pytest.mark.parametrize("vllm", ["0.12.0", "0.14.1", "0.21.0"])
 def test_the_one_sided_hazard_of_0_12_to_0_21_is_named_flag_off_and_on(status, vllm):
-    """Issue 31 item 4: flag on P only, the stock decode worker dies (vLLM's own KeyError in get_finished);
+    """Flag on P only, the stock decode worker dies (vLLM's own KeyError in get_finished);
     the shim cannot guard a side without the flag, so status names it on both sides."""
     rc, text = status(vllm)
     (note,) = [n for n in notes(text) if "KeyError" in n]
@@ -258,20 +258,20 @@ def test_the_hazard_follows_the_release_table(status, monkeypatch):
 
 
 def test_runtime_refusals_of_0_33(status):
-    """Issue 31 item 6: status predicts the run-time refusals of the installed release."""
+    """status predicts the run-time refusals of the installed release."""
     rc, text = status("0.33.0", ENABLE_XLKV="true")
     got = refusals(text)
     assert rc == 0 and len(got) == 4, text
     assert got[0].startswith("a peer engine without ENABLE_XLKV=true") and "compatibility hash" in got[0]
     assert got[1].startswith("a different block size on prefill and decode")
-    # issue 44: heterogeneous TP is served on heads-outermost rows; only rows whose heads do not tile are refused
+    # heterogeneous TP is served on heads-outermost rows; only rows whose heads do not tile are refused
     assert got[2].startswith("heterogeneous TP where this engine's BHLNC block rows are padded"), got[2]
     assert "with any backend" not in got[2] and "vLLM itself refuses prefill TP > decode TP" in got[2], got[2]
     assert got[3].startswith("KV tensors holding more blocks than the scheduler's budget")
 
 
 @pytest.mark.parametrize("vllm, tp", [
-    # issue 44 item 3: refused only with XLKV_EQUAL_TP=true; without it the engine keeps the stock layout
+    # refused only with XLKV_EQUAL_TP=true; without it the engine keeps the stock layout
     ("0.21.0", "with FLASHINFER/TRITON_ATTN and XLKV_EQUAL_TP=true: the handshake is refused (cross-layer blocks of a "
                "blocks-first backend (K/V outermost) cannot be sliced by heads for heterogeneous TP); without "
                "XLKV_EQUAL_TP (the default) such an engine keeps the stock layout, says so in one INFO line, and every "
@@ -303,7 +303,7 @@ def test_runtime_refusals_are_derived_from_the_release_table(status, monkeypatch
 
 
 def test_an_explicit_stock_layout_is_predicted_and_strict_refuses_it(status):
-    """Issue 43 item 1 (0.29+): VLLM_KV_CACHE_LAYOUT=LBHNC with the flag on runs the stock layout (vLLM
+    """0.29+: VLLM_KV_CACHE_LAYOUT=LBHNC with the flag on runs the stock layout (vLLM
     never asks the connector): status says so, and with XLKV_STRICT=1 it is a problem (the engine refuses)."""
     rc, text = status("0.33.0", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="LBHNC")
     assert rc == 0, text
@@ -333,7 +333,7 @@ def test_an_explicit_stock_layout_is_predicted_and_strict_refuses_it(status):
      "prime the whole prompt; nothing is wrapped here)"),
 ])
 def test_status_says_what_each_switch_does_on_the_installed_release(status, vllm, env, want):
-    """Issue 41 item 2: `status` says for each switch what it does on the installed release."""
+    """`status` says for each switch what it does on the installed release."""
     rc, text = status(vllm, **env)
     assert rc == 0 and want in text, text
 

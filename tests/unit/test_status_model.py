@@ -50,7 +50,7 @@ def status(monkeypatch, capsys, tmp_path, stand_in_vllm):
     ("0.33.0", "deepseek-v3", (), "mla", "BLNHC", 61, 1),
     ("0.33.0", "deepseek-v32", (), "sparse-mla", "stock", 61, 61),
     ("0.33.0", "gpt-oss", (), "sliding-window", "BHLNC", 18, 1),
-    # gpt-oss at TP 8: one KV head per rank, whole rows for a sliding-window hybrid too (issue 43 item 2)
+    # gpt-oss at TP 8: one KV head per rank, whole rows for a sliding-window hybrid too
     ("0.33.0", "gpt-oss", ("--tp", "8"), "sliding-window", "BHLNC", 18, 1),
     ("0.33.0", "gpt-oss", ("--tp", "8", "--pp", "2"), "sliding-window", "stock", 18, 18),
     ("0.33.0", "qwen3-next", (), "mamba-hybrid", "stock", 48, 48),
@@ -147,7 +147,7 @@ def test_status_for_a_pair_with_a_stock_side(status):
 
 
 def test_status_model_predicts_an_explicit_layout(status):
-    """Issue 43 item 1: with VLLM_KV_CACHE_LAYOUT set, status --model predicts what vLLM runs (the
+    """With VLLM_KV_CACHE_LAYOUT set, status --model predicts what vLLM runs (the
     variable wins on 0.29+), and XLKV_STRICT=1 makes a stock one a problem."""
     rc, info = status("0.33.0", "llama-70b", ENABLE_XLKV="true", VLLM_KV_CACHE_LAYOUT="LBHNC")
     m = info["model"]
@@ -171,7 +171,7 @@ def test_status_model_predicts_an_explicit_layout(status):
 ])
 def test_equal_tp_keeps_cross_layer_blocks_that_serve_one_tp_size(status, vllm, name, p_tp, d_tp, layout, stock,
                                                                   xlkv, served, words):
-    """XLKV_EQUAL_TP=true (issue 44 item 3): the cross-layer blocks that cannot be sliced by KV heads are
+    """XLKV_EQUAL_TP=true: the cross-layer blocks that cannot be sliced by KV heads are
     kept, and a pair at other TP sizes is refused, naming the knob; unset, the same pairs are served."""
     rc, info = status(vllm, name, "--prefill-tp", str(p_tp), "--decode-tp", str(d_tp), XLKV_EQUAL_TP="true")
     side = info["pair"]["sides"]["decode"]
@@ -183,7 +183,7 @@ def test_equal_tp_keeps_cross_layer_blocks_that_serve_one_tp_size(status, vllm, 
 
 
 def test_status_asks_the_run_times_backend_step(status, monkeypatch):
-    """Issue 42 item 3: the "backends whose cross-layer blocks cannot be sliced by KV heads keep the stock
+    """The "backends whose cross-layer blocks cannot be sliced by KV heads keep the stock
     layout unless XLKV_EQUAL_TP" step is one function (families.kept_stock_for_any_tp), which the
     preference patch asks at run time (tests/unit/test_families.py) and status here: a planted answer shows."""
     from xlkv_autopatch import families

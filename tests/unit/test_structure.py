@@ -185,7 +185,7 @@ def _lab_imports(source):
 
 
 def test_the_product_never_imports_the_lab():
-    """Issue 35 item 4: the lab (experiments/) imports the product, never the other way round."""
+    """The lab (experiments/) imports the product, never the other way round."""
     found = {}
     for folder, _, names in os.walk(PKG):
         for fname in names:
@@ -207,7 +207,7 @@ def _patch_files():
 
 
 def test_every_patch_file_declares_its_own_targets():
-    """Issue 42 item 3: a patch module declares what it wraps (TARGETS, or ATTACHED for a wrapper placed at
+    """A patch module declares what it wraps (TARGETS, or ATTACHED for a wrapper placed at
     run time) beside its wrappers; patches/__init__.py composes every module's."""
     from xlkv_autopatch import patches
     from xlkv_autopatch.specs import Attached, Target
@@ -318,7 +318,7 @@ def _doc_paths(source):
 
 
 def test_each_room_holds_only_its_own():
-    """Design pass item 1: the package ships only what runs in production (the docs renderers, catalogue.py
+    """The package ships only what runs in production (the docs renderers, catalogue.py
     among them, live in tools/); the CPU harness the real-vLLM tests drive lives in tests/harness/, not in the
     lab (experiments/), which runs it from there.  tests/README.md's table says who owns which folder."""
     root = os.path.dirname(PKG)

@@ -1,4 +1,4 @@
-"""The version changes when the package changes (issue 25 item 10: 0.2.0 across 56 commits), so
+"""The version changes when the package changes (0.2.0 across 56 commits), so
 ``status`` (which prints it with the package's path) tells two builds apart.
 
 Rule: a commit that changes anything under xlkv_autopatch/ is followed (in it or a later commit)
