@@ -40,7 +40,7 @@ for _p in (SOURCE, os.path.join(SOURCE, "experiments")):
         sys.path.insert(0, _p)
 
 from xlkv_autopatch import prompt_tail, releases  # noqa: E402
-from pdtools import report  # noqa: E402  (the handoff table: pdtools/report.py, tested in tests/experiments)
+from pdtools import archive, report  # noqa: E402  (the handoff table: pdtools/report.py, tested in tests/experiments)
 
 #: the tree whose docs and files are read (and written): SOURCE unless set_root() says another
 ROOT = SOURCE
@@ -59,8 +59,7 @@ def set_root(root):
 
 @functools.lru_cache(maxsize=None)
 def load(name):
-    with open(os.path.join(RESULTS, name)) as f:
-        return json.load(f)
+    return archive.load_json(os.path.join(RESULTS, name))  # NAME, else NAME.xz
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,8 +11,6 @@ a range where they differ).  Every cell is read from the files.  Replaces the te
 ``<!-- hetero-tp:start -->`` and ``<!-- hetero-tp:end -->``; ``--check`` exits 1 when the document is
 not what the files say (tests/unit/test_docs.py runs it).
 """
-import glob
-import json
 import os
 import sys
 
@@ -20,6 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # the package's family names (a checkout run: python3 tools/render_hetero_tp.py)
     sys.path.append(ROOT)
 from xlkv_autopatch.families import canonical  # noqa: E402  (files before 0.8.3 spell the hybrid "swa")
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from pdtools import archive  # noqa: E402  (a results file kept as X.json.xz is read as X.json)
 
 FILES = os.path.join(ROOT, "experiments", "results", "*-hetero-tp-cpu-*.json")
 DOC = os.path.join(ROOT, "docs", "support-matrix.md")
@@ -49,9 +49,8 @@ def _cell(run):
 
 def rows():
     out = []
-    for path in sorted(glob.glob(FILES), key=_release_key):
-        with open(path) as f:
-            res = json.load(f)
+    for path in sorted(archive.glob(FILES), key=_release_key):
+        res = archive.load_json(path)
         pairings = []
         for name, run in res["runs"].items():
             key = name.split("_", 1)[1]
@@ -67,7 +66,8 @@ def rows():
             out.append("| %s | %s%s | %d → %d | %d | %s | %s | %s | [%s](../experiments/results/%s) |" % (
                 res["vllm"], model, "" if backend == "FLASH_ATTN" else ", %s" % backend, any_run["prefill_tp"],
                 any_run["decode_tp"], any_run["remote_ranks_per_decode_rank"], _cell(stock), _cell(xlkv),
-                "–" if equal is None else _cell(equal), os.path.basename(path)[:-5], os.path.basename(path)))
+                "–" if equal is None else _cell(equal), os.path.basename(path)[:-5],
+                os.path.basename(archive.resolve(path))))
     return out
 
 

@@ -11,9 +11,15 @@ the archive's member of the same name byte for byte (tests/experiments/test_resu
     python3 experiments/pdtools logs experiments/results/logs-2026-11-27d-2xH200-handoff.tar.xz
     python3 experiments/pdtools logs experiments/results/logs-2026-11-27d-2xH200-handoff.tar.xz call21-console.txt
     python3 experiments/pdtools logs --pack experiments/results/logs-<run>     # -> logs-<run>.tar.xz
+
+A results file too big to keep plain is kept as ``NAME.xz`` (``xz -9e``, no timestamp inside) and read
+through ``resolve``/``read_text``/``load_json``/``glob``: a reader names ``X.json`` and gets ``X.json``,
+else ``X.json.xz`` decompressed -- the one fallback tools/, experiments/ and tests/ share.
 """
 
+import glob as _glob
 import io
+import json
 import lzma
 import os
 import tarfile
@@ -88,3 +94,37 @@ def pack(folder, out=None):
         f.write(lzma.compress(buf.getvalue(), format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64,
                               preset=9 | lzma.PRESET_EXTREME))
     return out
+
+
+def resolve(path):
+    """The file that holds ``path``: ``path`` itself, else ``path + ".xz"`` where only that exists
+    (``path`` again where neither does, so the reader's own error names the file it asked for)."""
+    if not os.path.exists(path) and os.path.exists(path + ".xz"):
+        return path + ".xz"
+    return path
+
+
+def exists(path):
+    """Whether ``path`` is there, plain or as ``path + ".xz"``."""
+    return os.path.exists(resolve(path))
+
+
+def read_text(path):
+    """The text of ``path``, or of ``path + ".xz"`` decompressed where only that exists."""
+    real = resolve(path)
+    if real != path:
+        with lzma.open(real, "rt", encoding="utf-8") as f:
+            return f.read()
+    with open(real, encoding="utf-8") as f:
+        return f.read()
+
+
+def load_json(path):
+    """``json.load`` of ``path``, or of ``path + ".xz"`` where only that exists."""
+    return json.loads(read_text(path))
+
+
+def glob(pattern):
+    """The paths ``pattern`` matches, a ``X.xz`` counted as ``X`` when ``X.xz`` matches ``pattern + ".xz"``:
+    the names a reader gives ``load_json``, sorted, each once."""
+    return sorted(set(_glob.glob(pattern)) | {p[:-3] for p in _glob.glob(pattern + ".xz")})

@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 
+from .archive import load_json as _load_json
 from .configs import alone_for, is_alone
 from .handoff import PARTS, SUBPARTS
 from .results import merge_results
@@ -351,10 +352,10 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--wire", help="wire_copy.py's JSON: the timed GPU0->GPU1 copy, printed next to the xfer times")
     a = ap.parse_args(argv)
-    docs = [json.load(open(p)) for p in a.results]
+    docs = [_load_json(p) for p in a.results]  # X.json, else X.json.xz
     doc = merge_results(docs) if len(docs) > 1 else docs[0]
     stem = os.path.splitext(a.results[0])[0]
-    md = markdown(doc, json.load(open(a.wire)) if a.wire else None)
+    md = markdown(doc, _load_json(a.wire) if a.wire else None)
     md_path = a.md or stem + ".md"
     with open(md_path, "w") as f:
         f.write(md)

@@ -399,8 +399,10 @@ def table(results_dir=RESULTS):
     tests run, passed stock, with the flag on and with the flag and every switch on, and the differences
     (explained or not; stock against each other mode)."""
     rows = []
-    for path in sorted(glob.glob(os.path.join(results_dir, "upstream-tests-*.json"))):
-        r = json.load(open(path))
+    sys.path.insert(0, os.path.dirname(HERE))
+    from pdtools import archive  # a results file kept as X.json.xz is read as X.json
+    for path in archive.glob(os.path.join(results_dir, "upstream-tests-*.json")):
+        r = archive.load_json(path)
         modes = r["modes"]
         if "stock" not in modes or "on" not in modes:
             continue
@@ -411,7 +413,7 @@ def table(results_dir=RESULTS):
             modes["stock"]["passed"], modes["on"]["passed"],
             modes["switches"]["passed"] if "switches" in modes else "not run",
             "%d (%d unexplained)" % (len(differ), len([d for d in differ if not d["reason"]])) if differ else "0",
-            os.path.basename(path)[:-5], os.path.basename(path))))
+            os.path.basename(path)[:-5], os.path.basename(archive.resolve(path)))))
     head = ["| vLLM | where | tests | passed stock | passed, flag on | passed, flag and switches on | differ | file |",
             "|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + [row for _, row in sorted(rows)])

@@ -14,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "experiments", "results")
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from pdtools import report  # noqa: E402
+from pdtools import archive, report  # noqa: E402
 
 #: renderings made with ``--wire FILE`` (the timed GPU0 -> GPU1 copy printed next to the xfer times)
 WIRE = {"2026-11-23-0.26.0-2xH200.md": "2026-11-23-wire-2xH200.json"}
@@ -24,10 +24,9 @@ HEADING = "## P/D TTFT: "
 def bench_json(name):
     """The bench results .json beside the results .md ``name`` (report.py's input: it has "cells"), or None."""
     path = os.path.join(RESULTS, name[:-3] + ".json")
-    if not os.path.exists(path):
+    if not archive.exists(path):  # X.json, or X.json.xz
         return None
-    with open(path) as f:
-        doc = report.json.load(f)
+    doc = archive.load_json(path)
     return path if isinstance(doc, dict) and "cells" in doc else None
 
 
@@ -37,12 +36,10 @@ def renderings():
 
 def render(name):
     """What report.py writes for the rendering ``name`` (report.main's markdown, without the plot)."""
-    with open(os.path.join(RESULTS, name[:-3] + ".json")) as f:
-        doc = report.json.load(f)
+    doc = archive.load_json(os.path.join(RESULTS, name[:-3] + ".json"))
     wire = None
     if name in WIRE:
-        with open(os.path.join(RESULTS, WIRE[name])) as f:
-            wire = report.json.load(f)
+        wire = archive.load_json(os.path.join(RESULTS, WIRE[name]))
     return report.markdown(doc, wire)
 
 
@@ -68,7 +65,7 @@ def test_every_linked_results_md_exists_and_only_renderings_wear_the_renderers_h
             linked |= set(re.findall(r"results/([\w.,+-]+\.md)\b", f.read()))
     rendered = set(renderings())
     assert linked & rendered, "no rendering linked"
-    assert all(os.path.exists(os.path.join(RESULTS, n)) for n in linked | set(WIRE.values())), sorted(linked)
+    assert all(archive.exists(os.path.join(RESULTS, n)) for n in linked | set(WIRE.values())), sorted(linked)
     assert set(WIRE) <= rendered, sorted(set(WIRE) - rendered)
     # a note that opens with the renderer's heading would be a rendering whose .json is missing: unchecked
     for name in sorted(n for n in os.listdir(RESULTS) if n.endswith(".md")):

@@ -9,6 +9,8 @@ import sys
 from xlkv_autopatch.families import canonical
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from pdtools import archive  # noqa: E402  (X.json, else X.json.xz: the results files' one reader)
 README = open(os.path.join(ROOT, "README.md")).read()
 
 
@@ -321,7 +323,7 @@ def test_the_heterogeneous_tp_table_is_what_its_results_files_say(tmp_path, monk
     assert "| 0.33.0 | dense, 4 KV heads | 1 → 2 | 1 | exact, 4 region(s), 4 | exact, 1 region(s), 1 |" in table, table
     # a planted fault in a copy of one file: the rendered row follows it
     src = os.path.join(ROOT, "experiments", "results", "2026-11-26-hetero-tp-cpu-0.33.0.json")
-    data = json.load(open(src))
+    data = archive.load_json(src)  # kept as .json.xz
     data["runs"]["xlkv_dense4_1to2"]["cases"]["noncontig"]["descriptors_per_block_per_remote_rank"] = [1.0, 4.0]
     (tmp_path / "2026-11-26-hetero-tp-cpu-0.33.0.json").write_text(json.dumps(data))
     monkeypatch.setattr(rh, "FILES", str(tmp_path / "*-hetero-tp-cpu-*.json"))
@@ -378,9 +380,9 @@ def ttft_row_problems(row):
     millisecond figure and ratio is a mean TTFT of a cell of the row's linked results files (the .json beside
     each .md), or the repetition-weighted mean of the same cell across them (a pooled row)."""
     files = [os.path.join(ROOT, m[:-3] + ".json") for m in re.findall(r"\]\((experiments/results/[^)]+\.md)\)", row)]
-    if not files or not all(os.path.exists(f) for f in files):
+    if not files or not all(archive.exists(f) for f in files):
         return ["%r: no results file, or a missing one (%s)" % (row[:60], files)]
-    cells = [c for f in files for c in json.load(open(f))["cells"]]
+    cells = [c for f in files for c in archive.load_json(f)["cells"]]
     means = {round(c["mean_ttft_ms_mean"]) for c in cells}
     pooled = {}
     for c in cells:
@@ -428,12 +430,12 @@ def test_every_results_file_the_docs_name_exists_and_a_pass_line_names_no_failed
     cited = 0
     for doc in ["README.md"] + ["docs/" + f for f in sorted(os.listdir(os.path.join(ROOT, "docs"))) if f.endswith(".md")]:
         for n, line in enumerate(open(os.path.join(ROOT, doc), encoding="utf-8").read().splitlines(), 1):
-            for name in re.findall(r"(?:experiments/results/)?(20\d\d-\d\d-\d\d-[\w.,-]+\.json)", line):
+            for name in re.findall(r"(?:experiments/results/)?(20\d\d-\d\d-\d\d-[\w.,-]+\.json)(?:\.xz)?", line):
                 path = os.path.join(ROOT, "experiments", "results", name)
-                assert os.path.exists(path), "%s:%d names %s, which is not in experiments/results" % (doc, n, name)
+                assert archive.exists(path), "%s:%d names %s, which is not in experiments/results" % (doc, n, name)
                 cited += 1
                 if "PASS" in line:
-                    verdict = json.load(open(path))
+                    verdict = archive.load_json(path)
                     assert not (isinstance(verdict, dict) and verdict.get("pass") is False), (
                         "%s:%d says PASS and names %s, whose pass is false" % (doc, n, name))
     assert cited > 20, cited

@@ -4,7 +4,6 @@ docstring word for word, and every millisecond figure of that docstring must lie
 Pure file reads (the docstrings through ``ast``, no import of vLLM)."""
 
 import ast
-import json
 import os
 import re
 import sys
@@ -15,12 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RESULTS = os.path.join(ROOT, "experiments", "results")
 PACKAGE = os.path.join(ROOT, "xlkv_autopatch")
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from pdtools import report  # noqa: E402  (the handoff split: pdtools/report.py, tested in tests/experiments)
+from pdtools import archive, report  # noqa: E402  (the handoff split: pdtools/report.py, tested in tests/experiments)
 
 
 def load(name):
-    with open(os.path.join(RESULTS, name)) as f:
-        return json.load(f)
+    return archive.load_json(os.path.join(RESULTS, name))  # NAME, else NAME.xz
 
 
 def ms(x):
@@ -93,7 +91,7 @@ def test_every_docstring_that_names_a_results_file_has_its_claims():
         sorted(named), sorted(CLAIMS))
     for m in named:
         assert len(set(named_results(docstring(m)))) == 1, (m, "names more than one results file: split its claims")
-        assert all(os.path.exists(os.path.join(RESULTS, n)) for n in named_results(docstring(m))), m
+        assert all(archive.exists(os.path.join(RESULTS, n)) for n in named_results(docstring(m))), m
 
 
 def uncovered(text, claims):
