@@ -8,7 +8,7 @@
 ``--check`` (so ``bash tests/run.sh`` does), and ``--write`` on copies.
 
 Each figure of a doc comes from a file a claim reads (experiments/results/, a log line kept there, or the source a
-figure is about), or goes (issue 43 item 10). A claim is a prose template with ``{}`` for each figure, and a function
+figure is about), or goes. A claim is a prose template with ``{}`` for each figure, and a function
 of the loaded files giving the figures, rounded as the doc rounds; the filled template must be word for word in the
 doc (fenced code, README's tables and measurements.md's ttft-summary table left out: tests/unit/test_docs.py checks
 those; line breaks count as spaces). Then every number left in the doc must lie inside some claim's text or in a span
@@ -873,7 +873,7 @@ MEASUREMENTS = [
               cell(B26R, "shim", 128, 1024)["reps"], f1(itl(cell(B26R, "shim", 128, 1024))),
               f1(itl(cell(B26R, "stock", 128, 1024))),
               ratio(ttft(cell(B26R, "stock", 128, 1024)), ttft(cell(B26R, "shim", 128, 1024))))),
-    # where the P/D handoff goes (issue 41 item 1)
+    # where the P/D handoff goes
     ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, `HANDOFF_TRACE=1`",
      lambda: (cell(HO, "shim", 10, 10240)["block_size"], cell(HO, "shim", 10, 10240)["output_len"])),
     ("(`proxy_to_p`, `proxy_to_d`) stayed under {} ms everywhere",
@@ -1029,7 +1029,7 @@ def two_ok(name, refused_words):
     ok = ok and r["refused_peer"]["invalid_block_ids"] and any(refused_words in e for e in r["refused_peer"]["errors"])
     return bool(ok and r["after_flap"]["bytes_ok"] and r["after_flap"]["ok"])
 
-# the first-token detokenizer, XLKV_DETOK_TAIL (issue 41): the alternated A/B of 2026-11-27e
+# the first-token detokenizer, XLKV_DETOK_TAIL: the alternated A/B of 2026-11-27e
 DETOK_TAIL_CLAIMS = [
     ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, `--enforce-eager`, `HANDOFF_TRACE=1`. Two device "
      "calls, each starting every config's servers once, in opposite orders",
@@ -1155,7 +1155,7 @@ def where_it_loses(part, config, conc=64):
         ("transfer", "parts")) for c in (config, "shim-detok"))
 
 
-# CUDA graphs, prefill alone in the same run (issue 41 items 1 and 5): the alternated run of 2026-11-27f
+# CUDA graphs, prefill alone in the same run: the alternated run of 2026-11-27f
 GRAPHS_CLAIMS = [
     ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, {} output tokens, CUDA graphs",
      lambda: (gr("shim-detok", 1)["block_size"], gr("shim-detok", 1)["output_len"])),
@@ -1241,7 +1241,7 @@ def reps_per_cell(g, pd_configs):
                             for n in (1, 8, 64)}))
 
 
-# CUDA graphs at 1, 8 and 64 at a time (issue 41 item 5): the run of 2026-11-27j, against the run of 2026-11-27f
+# CUDA graphs at 1, 8 and 64 at a time: the run of 2026-11-27j, against the run of 2026-11-27f
 GRAPHS_C8_CLAIMS = [
     ("## At {}, {} and {} at a time with CUDA graphs",
      lambda: tuple(sorted({c["max_concurrency"] for c in load(GRAPHS_C8)["cells"]}))),
@@ -1294,7 +1294,7 @@ GRAPHS_C8_CLAIMS = [
 ]
 
 
-# vLLM 0.26.0 at 1, 8 and 64 at a time with CUDA graphs (issue 41 items 1, 4 and 5): the run of 2026-11-28
+# vLLM 0.26.0 at 1, 8 and 64 at a time with CUDA graphs: the run of 2026-11-28
 g26 = functools.partial(gr, name=GRAPHS_26)
 g26_row = functools.partial(gr_row, name=GRAPHS_26)
 g26_part = functools.partial(gr_part, name=GRAPHS_26)
@@ -1362,7 +1362,7 @@ GRAPHS_26_CLAIMS = [
      lambda: (8, 64, f1(g26_part("stock", 8, "transfer")), f1(g26_part("stock", 64, "transfer")),
               f1(g26_part("shim", 8, "transfer")), f1(g26_part("shim", 64, "transfer")),
               f1(g26_part("stock", 8, "d_frontend", "subparts")), f1(g26_part("stock", 64, "d_frontend", "subparts")))),
-    ("**Equivalence with CUDA graphs** (issue 41 item 4), the same lease, P on GPU 0 and D on GPU 1, `EQ_CONFIGS=\"stock "
+    ("**Equivalence with CUDA graphs**, the same lease, P on GPU 0 and D on GPU 1, `EQ_CONFIGS=\"stock "
      "shim-detok\"` with the negative control: **{}**. Token ids of prompts of {} tokens identical for stock P/D, "
      "`shim-detok` local and `shim-detok` P/D against local stock; `shim-detok`'s logprobs {} from stock's, local and "
      "P/D alike, and {} between its P/D and its local run; the negative control detected with other ids (max "
@@ -1375,7 +1375,7 @@ GRAPHS_26_CLAIMS = [
 ]
 
 
-# vLLM 0.33.0 at 1, 8 and 64 at a time with CUDA graphs, a second start (issue 41 items 4 and 5): the run of
+# vLLM 0.33.0 at 1, 8 and 64 at a time with CUDA graphs, a second start: the run of
 # 2026-11-28b, with the shim without the switch; against 2026-11-27f (gr) and 2026-11-27j (g8)
 g33 = functools.partial(gr, name=GRAPHS_33B)
 g33_part = functools.partial(gr_part, name=GRAPHS_33B)
@@ -1471,7 +1471,7 @@ GRAPHS_33B_CLAIMS = [
               below(ttft(g33("prefill_only-detok", 64)), ttft(g33("native", 64)) - hop(GRAPHS_33B, "native", 64)),
               "10%" if ttft(g33("prefill_only-detok", 64)) > 0.9 * (ttft(g33("native", 64))
                                                                      - hop(GRAPHS_33B, "native", 64)) else "?")),
-    ("**Equivalence with CUDA graphs on {}** (issue 41 item 4), the same lease, P on GPU 0 and D on GPU 1, "
+    ("**Equivalence with CUDA graphs on {}**, the same lease, P on GPU 0 and D on GPU 1, "
      "`EQ_CONFIGS=\"stock shim-detok\"` with the negative control: **{}**. Token ids of prompts of {} tokens identical for "
      "stock P/D, `shim-detok` local and `shim-detok` P/D against local stock, and their logprobs too (max |Δlogprob| {}; "
      "on 0.26.0, where the shim forces Model Runner V1, {}); the negative control detected with other ids (max "
@@ -1681,7 +1681,6 @@ EXEMPT = [
     r"\d+×H[12]00", r"\bGPUs? \d+(?: and \d+)?",
     r"\b(?:P |D )?TP \d+(?: → (?:D TP )?\d+)?",
     r"Qwen3-0\.6B", r"Llama-3-8B", r"DeepSeek-V2", r"Gemma-3",
-    r"\bissue \d+ item \d+",
     r"#\d{4,5}\b",                               # vLLM PR and issue numbers
     r"goal ≤ \d+",                               # targets, not results
     r"exit 1 and a `problems` entry",            # status's exit code (its contract, tests/unit/test_status.py)

@@ -91,7 +91,7 @@ def runs(vllm_env, tmp_path_factory):
         if release_of(vllm_env) < (0, 29) and not (
                 (family == "sliding-window" and config in ("stock", "xlkv", "native"))
                 or (family == "mla" and config in ("stock", "xlkv") and _mla_cross_layer_release(vllm_env))):
-            pytest.skip("on vLLM 0.24-0.28 the sliding-window hybrid runs (issue 33 item 1: its KV cache groups "
+            pytest.skip("on vLLM 0.24-0.28 the sliding-window hybrid runs (its KV cache groups "
                         "are packed) and, on 0.26-0.28, MLA (item 2); the rest keeps its 0.24-0.28 layout, "
                         "tests/unit/test_families.py")
         if key not in cache:
@@ -175,7 +175,7 @@ def _per_block(r):
 @pytest.mark.parametrize("family", ["mla", "sliding-window"])  # one-kv-head: recorded only, no native run
 def test_flag_on_never_more_descriptors_than_vllms_own_setting(vllm_env, runs, family):
     if release_of(vllm_env) < (0, 29):
-        pytest.skip("issue 32's targets are for 0.29+ (VLLM_KV_CACHE_LAYOUT=BLNHC is vLLM's setting there)")
+        pytest.skip("these targets are for 0.29+ (VLLM_KV_CACHE_LAYOUT=BLNHC is vLLM's setting there)")
     native, xlkv = runs(family, "native"), runs(family, "xlkv")
     _assert_bytes_exact(native, family)
     _assert_bytes_exact(xlkv, family)
@@ -188,7 +188,7 @@ def test_flag_on_never_more_descriptors_than_vllms_own_setting(vllm_env, runs, f
 
 def test_mla_flag_on_is_one_descriptor_per_block(vllm_env, runs):
     if release_of(vllm_env) < (0, 29):
-        pytest.skip("issue 32's MLA target is for 0.29+")
+        pytest.skip("the MLA target is for 0.29+")
     r = runs("mla", "xlkv")
     reg, sent = _per_block(r)
     assert reg == 1 and sent == 1, (reg, sent, r["d"]["xlkv_log"][-3:])
@@ -226,7 +226,7 @@ def test_mla_flag_on_is_one_cross_layer_tensor_where_no_vllm_setting_is(vllm_env
 
 def test_swa_flag_on_is_one_descriptor_per_block_id(vllm_env, runs):
     if release_of(vllm_env) < (0, 29):
-        pytest.skip("issue 32's sliding-window target is for 0.29+")
+        pytest.skip("the sliding-window target is for 0.29+")
     r = runs("sliding-window", "xlkv")
     reg, sent = _per_block(r)
     assert reg == 1 and sent == 1, (reg, sent, r["kv_cache_groups"])
@@ -237,7 +237,7 @@ def test_mqa_flag_on_is_one_descriptor_per_block(vllm_env, runs):
     since each layer's page is contiguous; page_contiguous.py has it register each block's row as one
     region."""
     if release_of(vllm_env) < (0, 29):
-        pytest.skip("issue 34's one-KV-head target is for 0.29+")
+        pytest.skip("the one-KV-head target is for 0.29+")
     r = runs("one-kv-head", "xlkv")
     _assert_bytes_exact(r, "one-kv-head")
     reg, sent = _per_block(r)
@@ -251,7 +251,7 @@ def test_mqa_prefill_on_vllms_own_blnhc_is_refused_by_a_flagged_decode(vllm_env,
     decode refuses that prefill at the handshake with the cause, and serves the next request
     (the cases of the same run, against the flagged prefill)."""
     if release_of(vllm_env) < (0, 29):
-        pytest.skip("issue 34's row registration is for 0.29+")
+        pytest.skip("the row registration is for 0.29+")
     r = runs("one-kv-head", "xlkv")
     refused = r["refused_peer"]
     assert "d_died" not in refused, refused.get("d_died")

@@ -212,7 +212,7 @@ def test_the_gpu_column_check_catches_a_claim_its_file_contradicts():
 
 
 def test_the_gpu_column_check_catches_descriptor_counts_its_file_contradicts():
-    # issue 31: "2800 descriptors stock, 28 with the shim" changed to 2900 / 19 passed every docs test
+    # once: "2800 descriptors stock, 28 with the shim" changed to 2900 / 19 passed every docs test
     text = "1×H100: equivalence PASS (a 100-block transfer: 2900 descriptors stock, 19 with the shim)"
     claims = [{"says": "1×H100: equivalence PASS", "file": "2026-11-24-equivalence-0.33.0-1xH100-triton-nc.json",
                "fields": {"pass": True, "equivalence_pass": True, "gpu": "1xH100-80GB-HBM3"}},
@@ -245,7 +245,7 @@ def test_upstream_tests_table_matches_the_result_files():
 def test_upstream_cpu_rows_count_the_ids_ci_runs():
     """A 'CPU (pinned ids)' row of that table counts what CI runs (tests/real/test_upstream_nixl.py):
     for every release pinned in experiments/upstream/cpu-passing.json, its result file holds exactly
-    the pinned ids in each mode (issue 31: the table said 101 for 0.33.0 where CI runs 102)."""
+    the pinned ids in each mode (once the table said 101 for 0.33.0 where CI runs 102)."""
     pins = json.load(open(os.path.join(ROOT, "experiments", "upstream", "cpu-passing.json")))
     problems = []
     for release, pin in sorted(pins.items()):
@@ -311,7 +311,7 @@ def test_the_model_family_table_is_what_its_results_files_say(tmp_path):
 
 
 def test_the_heterogeneous_tp_table_is_what_its_results_files_say(tmp_path, monkeypatch):
-    """docs/support-matrix.md's heterogeneous-TP table (issue 44) is rendered from the harness's results
+    """docs/support-matrix.md's heterogeneous-TP table is rendered from the harness's results
     files; a planted change in one of them (a decode rank's descriptors per remote rank) is seen."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("render_hetero_tp",
@@ -331,7 +331,7 @@ def test_the_heterogeneous_tp_table_is_what_its_results_files_say(tmp_path, monk
 
 
 def test_the_readme_ci_time_is_the_newest_measured_run():
-    """Issue 43 item 10: README's CI time comes from experiments/results/ci-times.json (the newest CI run),
+    """README's CI time comes from experiments/results/ci-times.json (the newest CI run),
     not from prose of its own."""
     data = json.load(open(os.path.join(ROOT, "experiments", "results", "ci-times.json")))
     ci = [r for r in data["runs"] if r["where"] == "ci"]
@@ -347,7 +347,7 @@ def test_the_readme_ci_time_is_the_newest_measured_run():
 
 
 def test_the_readme_float_step_is_the_files():
-    """Issue 43 item 10: the one-float32-step difference README quotes is the results file's."""
+    """The one-float32-step difference README quotes is the results file's."""
     path = os.path.join(ROOT, "experiments", "results", "2026-11-26-equivalence-0.26.0-1xH100-mla-triton-v1-nc.json")
     step = json.load(open(path))["other_runner_vs_reference"]["pd:stock"]["max_logprob_diff"]
     assert "%.2e" % step == "4.77e-07" and ("MLA logprobs, %.2e" % step) in " ".join(open(
@@ -425,7 +425,7 @@ def test_the_ttft_row_check_sees_a_changed_figure():
 
 
 def test_every_results_file_the_docs_name_exists_and_a_pass_line_names_no_failed_file():
-    """Issue 43 item 10 (part): the docs cite results files by name; each must exist, and a line that says
+    """The docs cite results files by name; each must exist, and a line that says
     PASS must not cite a summary whose own verdict ("pass") is false."""
     cited = 0
     for doc in ["README.md"] + ["docs/" + f for f in sorted(os.listdir(os.path.join(ROOT, "docs"))) if f.endswith(".md")]:
@@ -442,7 +442,7 @@ def test_every_results_file_the_docs_name_exists_and_a_pass_line_names_no_failed
 
 
 def test_the_one_group_hybrid_figure_is_the_files():
-    """Issue 43 item 10: "12 → 1" (a sliding-window hybrid planned as one KV cache group on 0.14.1 and
+    """The figure "12 → 1" (a sliding-window hybrid planned as one KV cache group on 0.14.1 and
     0.21.0) in docs/support-matrix.md's prose is the descriptors per block of those families files."""
     seen = set()
     for release in ("0.14.1", "0.21.0"):
@@ -479,7 +479,7 @@ def test_the_readme_is_short_and_its_opening_gain_is_the_tables():
 
 
 def test_the_readme_main_job_time_is_the_newest_measured_run():
-    """Issue 42 item 4 / issue 43 item 10: the main job's time in README comes from ci-times.json."""
+    """The main job's time in README comes from ci-times.json."""
     data = json.load(open(os.path.join(ROOT, "experiments", "results", "ci-times.json")))
     newest = data["main_job"][-1]
     assert isinstance(newest["seconds"], int) and newest["source"] and newest["gpus"] == 0

@@ -55,7 +55,7 @@ def build_parser():
     ap.add_argument("--d-tp", type=int, default=1, metavar="N", help="tensor-parallel size of D")
     ap.add_argument("--attn-backend", choices=("FLASH_ATTN", "TRITON_ATTN"), default="FLASH_ATTN",
                     help="attention backend of both sides (its KV cache shape; no kernel runs): TRITON_ATTN is "
-                         "blocks-first (issue 44 item 3)")
+                         "blocks-first")
     ap.add_argument("--kv-heads", type=int, default=None,
                     help="KV heads of the model (default: the family's, %d for dense; each TP rank holds "
                          "KV heads / TP)" % model.NUM_KV_HEADS)
