@@ -10,6 +10,7 @@ candidates included).  The derivation keeps both exactly."""
 import ast
 import os
 import re
+import sys
 from dataclasses import replace
 
 import pytest
@@ -20,17 +21,10 @@ from xlkv_autopatch.errors import XlkvUnsupportedVersion
 from xlkv_autopatch.patches import all_groups
 
 
-def _tool(name):
-    """A docs renderer of tools/ (outside the package: it ships in no wheel), loaded from the checkout."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-catalogue = _tool("catalogue")
+# a docs renderer outside the package (it ships in no wheel), imported from the checkout's tools/ as
+# test_measurement_figures.py imports docfigures
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+import catalogue  # noqa: E402
 
 KC = "vllm.distributed.kv_transfer.kv_connector"
 

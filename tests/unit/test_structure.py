@@ -5,6 +5,7 @@ imports one of a higher floor."""
 import ast
 import os
 import re
+import sys
 from pathlib import Path
 
 import xlkv_autopatch
@@ -13,17 +14,10 @@ from xlkv_autopatch.patches import all_groups
 PKG = os.path.dirname(os.path.abspath(xlkv_autopatch.__file__))
 
 
-def _tool(name):
-    """A docs renderer of tools/ (outside the package: it ships in no wheel), loaded from the checkout."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-catalogue = _tool("catalogue")
+# a docs renderer outside the package (it ships in no wheel), imported from the checkout's tools/ as
+# test_measurement_figures.py imports docfigures
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+import catalogue  # noqa: E402
 
 
 def test_docs_tables_are_the_rendered_ones():
