@@ -2,6 +2,7 @@
 attention kernel block smaller than the KV block (vLLM 0.29+) ends with the --block-size that keeps xlkv's layout,
 and the reason remembered for the handshake stays the bare cause (layout.kernel_split_of parses it)."""
 
+import sys
 import types
 
 import pytest
@@ -15,7 +16,8 @@ def _cfg(buffer="cuda"):
     model = types.SimpleNamespace(is_hybrid=False, use_mla=False, hf_text_config=types.SimpleNamespace(),
                                   get_num_kv_heads=lambda parallel: 2)
     return types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_buffer_device=buffer),
-                                 model_config=model, parallel_config=types.SimpleNamespace(pipeline_parallel_size=1))
+                                 model_config=model, parallel_config=types.SimpleNamespace(pipeline_parallel_size=1),
+                                 cache_config=types.SimpleNamespace(block_size=32))
 
 
 @pytest.fixture(autouse=True)
@@ -30,13 +32,24 @@ def fresh(monkeypatch):
     facts.reset()
 
 
+def _vllm_picks_a_kernel_block(monkeypatch, kernel):
+    """Stand-ins for the two vLLM functions kv_cache_layout._kernel_split asks (the attention backends and
+    vLLM's choice of a common kernel block), in sys.modules with their parent packages."""
+    names = ["vllm", "vllm.distributed", "vllm.distributed.kv_transfer", "vllm.distributed.kv_transfer.kv_connector",
+             "vllm.distributed.kv_transfer.kv_connector.utils", "vllm.v1", "vllm.v1.worker", "vllm.v1.worker.utils"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["vllm.distributed.kv_transfer.kv_connector.utils"].get_current_attn_backends = lambda cfg: ["FA"]
+    sys.modules["vllm.v1.worker.utils"].select_common_block_size = lambda block_size, backends: kernel
+
+
 def _warnings(caplog):
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_a_smaller_kernel_block_warns_with_the_block_size_that_works(monkeypatch, caplog):
     reason = layout.kernel_split_reason(16, 32)
-    monkeypatch.setattr(kv_cache_layout, "_kernel_split", lambda cfg: reason)
+    _vllm_picks_a_kernel_block(monkeypatch, 16)
     cls = type("NixlPullConnector", (), {})
     with caplog.at_level("INFO", logger="vllm.xlkv_autopatch"):
         assert kv_cache_layout.layout_wrapper(lambda cfg: "LBHNC", cls, (_cfg(),), {}) == "LBHNC"

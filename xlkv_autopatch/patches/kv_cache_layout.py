@@ -45,34 +45,24 @@ from ._fallback import fallback
 #: get_required_kvcache_layout's parameters after cls, bound by name
 LAYOUT_ARGS = ("vllm_config",)
 
-HOST_BUFFER = "host-buffer mode (kv_buffer_device=cpu) copies per layer"
-
-
 def _exclusion(vllm_config):
     """Engine settings that keep the stock layout whatever the model (host-buffer copies, a
-    kernel block smaller than the KV block)."""
+    kernel block smaller than the KV block): ``(cause, the setting that brings xlkv's layout back)``,
+    or None."""
     kvt = getattr(vllm_config, "kv_transfer_config", None)
     if getattr(kvt, "kv_buffer_device", None) == "cpu":
         from vllm.platforms import current_platform
 
         if current_platform.device_type != "cpu":
-            return HOST_BUFFER
+            return ("host-buffer mode (kv_buffer_device=cpu) copies per layer",
+                    "leave kv_buffer_device out of --kv-transfer-config on prefill and decode (device buffers)")
     return _kernel_split(vllm_config)
-
-
-def _exclusion_fix(reason):
-    """The setting that brings xlkv's layout back for an engine setting that keeps the stock one."""
-    split = layout.kernel_split_of(reason)
-    if split:
-        return ("set --block-size %d (the attention kernel block) on prefill and decode" % split[0])
-    if reason == HOST_BUFFER:
-        return "leave kv_buffer_device out of --kv-transfer-config on prefill and decode (device buffers)"
-    return None
 
 
 def _kernel_split(vllm_config):
     """A kernel block smaller than the KV block: vLLM's NIXL registration cannot partition a
-    block-outermost view into kernel blocks (it asserts), so keep the stock layout."""
+    block-outermost view into kernel blocks (it asserts), so keep the stock layout; ``(cause, fix)``
+    or None."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
         from vllm.v1.worker.utils import select_common_block_size
@@ -84,7 +74,9 @@ def _kernel_split(vllm_config):
                   "NIXL registration checks the block counts instead (block_count.py)", type(e).__name__, e)
         return None
     if isinstance(block_size, int) and isinstance(kernel, int):
-        return layout.kernel_split_reason(kernel, block_size)  # status --kernel-block-size asks the same
+        reason = layout.kernel_split_reason(kernel, block_size)  # status --kernel-block-size asks the same
+        if reason:
+            return reason, "set --block-size %d (the attention kernel block) on prefill and decode" % kernel
     return None
 
 
@@ -100,7 +92,8 @@ def layout_wrapper(wrapped, cls, args, kwargs):
         return stock
     excluded = _exclusion(vllm_config)
     if excluded:
-        fallback(excluded, excluded, fix=_exclusion_fix(excluded))
+        reason, fix = excluded
+        fallback(reason, reason, fix=fix)
         return stock
     decision = layout.layout_decision(stock=stock, env_layout=os.environ.get("VLLM_KV_CACHE_LAYOUT"))
     if not decision.use:
