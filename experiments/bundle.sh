@@ -51,6 +51,9 @@
 #                      CUDA-12 build)
 #   XLKV_BUNDLE_EXTRA  extra requirements resolved with vLLM's (e.g. "ray[cgraph]" for
 #                      --distributed-executor-backend ray); less the image's packages as well
+#   XLKV_BUNDLE_NODEPS wheels carried without resolving their requirements (e.g. "ai-dynamo==1.6.1",
+#                      which asks for a release of aisimulate that PyPI does not have; its other
+#                      requirements go in XLKV_BUNDLE_EXTRA)
 #   CHUNK_MB (55; CHUNK_BYTES overrides), ZSTD_LEVEL (12), BUNDLE_WORK (.xfer-tmp/build-VERSION; deleted at the end
 #   unless KEEP_WORK=1)
 set -euo pipefail
@@ -230,6 +233,8 @@ build() {
     carried=("torch $torch_pin" "${carried[@]}")
   fi
   pip_download "$work/wheels" -r "$work/req.slim.txt"
+  # shellcheck disable=SC2086
+  [ -z "${XLKV_BUNDLE_NODEPS:-}" ] || pip_download "$work/wheels" ${XLKV_BUNDLE_NODEPS}
 
   # 4. unpack into one site folder (unzip keeps the executable bits: triton's ptxas)
   local site="$work/site" w d

@@ -10,7 +10,8 @@ servers' environment, settings.server_env), ``pythonpath`` the servers' PYTHONPA
 
 A name ``nc-<config>`` is the negative control of <config>: its settings, and D starts with
 experiments/negative_control/ first on its PYTHONPATH (the hook corrupts the KV D received,
-NC_CORRUPTION says how).
+NC_CORRUPTION says how).  A name ``dynamo-<config>`` is <config> served through NVIDIA Dynamo's
+frontend and vLLM workers instead of the proxy and `vllm serve` (``router``; pdtools/dynamo.py).
 """
 
 import hashlib
@@ -19,6 +20,7 @@ import os
 import subprocess
 from collections import namedtuple
 
+from . import dynamo
 from .gates import gate
 from .settings import EXIT_SETUP, NC_DIR, REPO_DIR, die
 
@@ -68,6 +70,26 @@ CONFIGS = {
                     "from the layout", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, None, {}, [], [], ("runner-v1",)),
 }
 
+#: the same rows served through NVIDIA Dynamo (its frontend and vLLM workers: pdtools/dynamo.py) instead of the
+#: lab's proxy and `vllm serve`; the rows with proxy flags or D-only flags have no Dynamo twin
+DYNAMO_ROWS = ("stock", "shim", "shim-detok", "native")
+for _name in DYNAMO_ROWS:
+    _row = CONFIGS[_name]
+    CONFIGS[dynamo.PREFIX + _name] = _row._replace(about="%s; served through NVIDIA Dynamo (frontend + prefill and "
+                                                         "decode workers)" % _row.about,
+                                                   needs=_row.needs + ("dynamo",))
+
+
+def router(name):
+    """Who sends P's and D's requests for config ``name``: "dynamo" (Dynamo's frontend) or "proxy" (pd_proxy.py)."""
+    return "dynamo" if base(name).startswith(dynamo.PREFIX) else "proxy"
+
+
+def uses_shim(name):
+    """Does config ``name`` turn the shim on (ENABLE_XLKV=true on its servers)?"""
+    row = CONFIGS.get(base(name))
+    return row is not None and isinstance(row.env, dict) and row.env.get("ENABLE_XLKV") == "true"
+
 
 ALONE = "prefill_only"
 
@@ -103,6 +125,12 @@ def supported(name, version, settings, env, shim_check=None):
         if need == "ray":
             if subprocess.run([settings.get("PY"), "-c", "import ray"], env=env, capture_output=True).returncode != 0:
                 return False, "%s: ray is not importable here (build the bundle with XLKV_BUNDLE_EXTRA=ray)" % name
+        elif need == "dynamo":
+            if subprocess.run([settings.get("PY"), "-c", "import importlib.util as u, sys; sys.exit(not ("
+                               "u.find_spec('dynamo.vllm') and u.find_spec('dynamo.frontend')))"], env=env,
+                              capture_output=True).returncode != 0:
+                return False, ("%s: NVIDIA Dynamo (dynamo.vllm, dynamo.frontend) is not importable here (build the "
+                               "bundle with ai-dynamo: experiments/README.md, \"Through NVIDIA Dynamo\")" % name)
         elif need == "shim":
             ok, why = (shim_check or shim_supported)(version, settings, env)
             if not ok:

@@ -36,6 +36,7 @@ on 0.22-0.28: a ``pd:stock`` run (vLLM's default runner) is then recorded
 
 import json
 import math
+import os
 import time
 
 from .client import http_json, http_text
@@ -63,6 +64,30 @@ def _extract_token_ids(choice):
     if toks and all(isinstance(t, str) and t.startswith("token_id:") for t in toks):
         return [int(t.split(":", 1)[1]) for t in toks], "logprobs_token_ids"
     return None, None
+
+
+def vocabulary(model_dir):
+    """token string -> id from ``model_dir``'s tokenizer.json (its model's vocab and added tokens); {} without one."""
+    try:
+        with open(os.path.join(model_dir, "tokenizer.json")) as f:
+            tok = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    out = dict(vocab) if isinstance(vocab, dict) else {}
+    for t in tok.get("added_tokens") or []:
+        out[t["content"]] = t["id"]
+    return out
+
+
+def ids_from_token_strings(choice, vocab):
+    """The generated ids read back from the logprobs' token strings through ``vocab`` (a server that returns
+    neither ``token_ids`` nor ``token_id:<id>`` strings, e.g. Dynamo's frontend); None when a string is not a
+    token of the vocabulary (then the ids are not known)."""
+    toks = (choice.get("logprobs") or {}).get("tokens")
+    if not toks or not vocab or any(t not in vocab for t in toks):
+        return None
+    return [vocab[t] for t in toks]
 
 
 def _token_key(tok):
@@ -130,25 +155,33 @@ def kv_pulled(prom_url, before, bytes_per_block, wait_s=15.0, poll_s=0.25):
 
 
 def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logprobs=TOP_LOGPROBS,
-                   prom_url=None, bytes_per_block=0, kv_wait_s=15.0):
+                   prom_url=None, bytes_per_block=0, kv_wait_s=15.0, vocab=None):
     """One greedy completion; returns a dict with token ids (or text as last resort), the
-    logprobs, and (with ``prom_url``: D's /metrics) the KV that D pulled for it."""
+    logprobs, and (with ``prom_url``: D's /metrics) the KV that D pulled for it.  ``vocab`` (token string -> id):
+    the server takes OpenAI's completions fields alone (Dynamo's frontend refuses vLLM's ``return_token_ids``),
+    so the ids are read back from the logprobs' token strings (at least 1 logprob is asked for)."""
     body = {
         "model": model,
         "prompt": prompt_text(n_tokens, seed),
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
-        "return_token_ids": True,
     }
-    if logprobs:
-        body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
+    if vocab:
+        body["logprobs"] = max(1, logprobs or 0)
+    else:
+        body["return_token_ids"] = True
+        if logprobs:
+            body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
     before = _prom_snapshot(prom_url)
     t0 = time.time()
     resp = http_json(url, body, timeout=timeout)
     choice = resp["choices"][0]
     ids, method = _extract_token_ids(choice)
-    if ids is None:  # older release: ask for logprobs with ids spelled out
+    if ids is None and vocab:
+        ids = ids_from_token_strings(choice, vocab)
+        method = "logprobs_tokens_vocab" if ids is not None else None
+    elif ids is None:  # older release: ask for logprobs with ids spelled out
         body.pop("return_token_ids")
         body.update(logprobs=max(1, logprobs or 0), return_tokens_as_token_ids=True)
         if prom_url:

@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-from . import configs, handoff, report
+from . import configs, dynamo, handoff, report
 from .client import http_text
 from .cpuchecks import require_gpus_or_cpu_checks
 from .gates import gate
@@ -65,6 +65,15 @@ def _proxy_timings(pair, keep=None):
         with open(keep, "w") as f:
             f.write(text)
     return text
+
+
+def _frontend_page(pair):
+    """Dynamo's frontend timing histograms now (pdtools/dynamo.py), or None when its /metrics cannot be read."""
+    try:
+        return dynamo.frontend_seconds(http_text(pair.url("proxy", "/metrics"), timeout=10.0))
+    except Exception as e:
+        print("GET frontend metrics failed: %s" % e, file=sys.stderr)
+        return None
 
 
 def _handoff(pair, proxy_file, window):
@@ -208,7 +217,8 @@ def main(settings, eq_json=None, result_dir=None):
                             continue
                         off = log_offset(pair.d_log)
                         before = prom_scrape(pair.url("D", "/metrics"))
-                        _proxy_timings(pair)                          # the split of this rep only
+                        through_dynamo = pair.router == "dynamo"
+                        front0 = _frontend_page(pair) if through_dynamo else _proxy_timings(pair)  # this rep only
                         window = [time.time(), None]
                         if not bench_run(length, n, seed, res, logf, conc):
                             log("ERROR: bench run %s failed" % tag)
@@ -220,9 +230,14 @@ def main(settings, eq_json=None, result_dir=None):
                                                            "Total token throughput", "Failed requests")):
                                     sys.stderr.write("    " + line)
                         proxy_file = os.path.join(work, "bench", tag + ".proxy.json")
-                        _proxy_timings(pair, keep=proxy_file)
-                        window[1] = time.time()
-                        _handoff(pair, proxy_file, window)
+                        if through_dynamo:      # no proxy: the frontend's own histograms over this rep instead
+                            with open(proxy_file, "w") as f:
+                                json.dump({"frontend": dynamo.frontend_delta(front0, _frontend_page(pair))}, f,
+                                          indent=1, sort_keys=True)
+                        else:
+                            _proxy_timings(pair, keep=proxy_file)
+                            window[1] = time.time()
+                            _handoff(pair, proxy_file, window)
                         pair.wait_kv_lines(pair.d_log, off)
                         after = prom_scrape(pair.url("D", "/metrics"))
                         kv = kv_probe(pair.d_log, off, before, after, pair.bytes_per_block, pair.d_log,

@@ -135,6 +135,9 @@ def main(settings, eq_json=None):
             log("skipping %s" % cfg)
         if not run_configs:
             die(EXIT_SETUP, "no config to run")
+        if reference == "local" and not include and all(configs.router(c) == "dynamo" for c in run_configs):
+            die(EXIT_SETUP, "every config runs through Dynamo, whose decode worker has no endpoint of its own for local "
+                "prefill: put a lab config first (EQ_CONFIGS=\"stock %s\")" % " ".join(eq_configs))
 
         pd_url, local_url = pair.url("proxy", "/v1/completions"), pair.url("D", "/v1/completions")
         prom_d = pair.url("D", "/metrics")
@@ -156,7 +159,10 @@ def main(settings, eq_json=None):
                                              path("eq-fragment-%s.log" % cfg)):
                     die(EXIT_FAIL, "fragmenting load failed (%s)" % cfg)
             running = None
-            pd_kw = dict(prom_url=prom_d, bytes_per_block=pair.bytes_per_block, kv_wait=kv_wait, logprobs=n_logprobs)
+            # through Dynamo's frontend: OpenAI's fields alone, the ids read back through the model's vocabulary
+            vocab = equivalence.vocabulary(pair.model) if pair.router == "dynamo" else None
+            pd_kw = dict(prom_url=prom_d, bytes_per_block=pair.bytes_per_block, kv_wait=kv_wait, logprobs=n_logprobs,
+                         vocab=vocab)
             if cfg.startswith(configs.NEGATIVE_PREFIX):   # only P/D, through a D that corrupts what it received
                 runs["pd:" + cfg] = run_to_file(pd_url, pair.model, "pd:" + cfg, nc_lengths, max_tokens,
                                                 path("eq-pd-%s.json" % cfg), **pd_kw)
@@ -168,9 +174,13 @@ def main(settings, eq_json=None):
                     log("WARNING: no negative-control line in %s" % pair.d_log)
                 pair.stop_all()
                 continue
-            # (a) local prefill on D, then (b) P/D through the proxy (with the KV D pulled per request)
-            runs["local:" + cfg] = run_to_file(local_url, pair.model, "local:" + cfg, lengths, max_tokens,
-                                               path("eq-local-%s.json" % cfg), logprobs=n_logprobs)
+            # (a) local prefill on D, then (b) P/D through the proxy (with the KV D pulled per request); a Dynamo
+            # worker has no HTTP server of its own: its configs are compared with the first config's local prefill
+            if pair.router == "dynamo":
+                log("%s: no local run (Dynamo's decode worker serves only through the frontend)" % cfg)
+            else:
+                runs["local:" + cfg] = run_to_file(local_url, pair.model, "local:" + cfg, lengths, max_tokens,
+                                                   path("eq-local-%s.json" % cfg), logprobs=n_logprobs)
             runs["pd:" + cfg] = run_to_file(pd_url, pair.model, "pd:" + cfg, lengths, max_tokens,
                                             path("eq-pd-%s.json" % cfg), **pd_kw)
             # descriptor probe: one request of PROBE_LEN tokens (a whole number of blocks), alone;
@@ -179,7 +189,7 @@ def main(settings, eq_json=None):
             off = log_offset(pair.d_log)
             before = prom_scrape(prom_d)
             run_to_file(pd_url, pair.model, "probe:" + cfg, [probe_len], 2, path("eq-probe-run-%s.json" % cfg),
-                        seed=7, logprobs=0, quiet=True)
+                        seed=7, logprobs=0, quiet=True, vocab=vocab)
             pair.wait_kv_lines(pair.d_log, off)
             after = prom_scrape(prom_d)
             for n, d in (("eq-prom0-%s.json" % cfg, before), ("eq-prom1-%s.json" % cfg, after)):

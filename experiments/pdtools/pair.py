@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.request
 
-from . import configs
+from . import configs, dynamo
 from .gates import gate
 from .kvmetrics import NotDense, load_registration, model_block_bytes, model_shape, registration_bytes_per_block
 from .results import gpu_slug
@@ -128,6 +128,8 @@ class Pair:
         self.d_reg_report = None
         self.proxy_args = []
         self.trace_dir = None      # HANDOFF_TRACE=1: the pair's handoff trace (engines' and proxy's lines)
+        self.router = "proxy"      # who routes the running pair's requests: "proxy" or "dynamo" (configs.router)
+        self.discovery = None      # the running Dynamo pair's discovery folder
 
     def __enter__(self):
         return self
@@ -256,6 +258,9 @@ class Pair:
             envs.append(("PYTHONPATH", "%s:%s" % (NC_DIR, base.get("PYTHONPATH", ""))))
         if self.trace_dir:
             envs.append(("XLKV_TRACE_HANDOFF", self.trace_dir))
+        if self.router == "dynamo":    # the worker's system server (/health, /metrics) on the server's lab port
+            envs += sorted(dynamo.common_env(self.discovery).items()) + [("DYN_SYSTEM_PORT", str(port)),
+                                                                        ("UCX_RCACHE_MAX_UNRELEASED", "1024")]
         if is_d:
             envs += list(s.d_env.items())
             # the registration report: the hook reads what vLLM registered
@@ -266,17 +271,20 @@ class Pair:
                 if os.path.exists(self.d_reg_report):
                     os.remove(self.d_reg_report)
                 envs.append(("XLKV_REGISTRATION_REPORT", self.d_reg_report))
-        cmd = [self.settings.get("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host",
-               "127.0.0.1", "--port", str(port)] + (["--enforce-eager"] if self.settings.get("ENFORCE_EAGER") != "0"
-                                                     else []) + [
-               "--block-size", self.settings.get("BLOCK_SIZE"),
-               "--gpu-memory-utilization", self.mem_util, "--max-model-len", self.settings.get("MAX_MODEL_LEN"),
-               "--kv-transfer-config", kvcfg]
+        engine = (["--enforce-eager"] if self.settings.get("ENFORCE_EAGER") != "0" else []) + [
+            "--block-size", self.settings.get("BLOCK_SIZE"),
+            "--gpu-memory-utilization", self.mem_util, "--max-model-len", self.settings.get("MAX_MODEL_LEN"),
+            "--kv-transfer-config", kvcfg]
         if tp > 1:
-            cmd += ["--tensor-parallel-size", str(tp)]
-        cmd += self.serve_args
+            engine += ["--tensor-parallel-size", str(tp)]
+        engine += self.serve_args
         if is_d:
-            cmd += s.d_args
+            engine += s.d_args
+        if self.router == "dynamo":
+            cmd = dynamo.worker_command(self.settings.get("PY"), self.model, "decode" if is_d else "prefill", engine)
+        else:
+            cmd = [self.settings.get("PY"), "-m", "vllm.entrypoints.cli.main", "serve", self.model, "--host",
+                   "127.0.0.1", "--port", str(port)] + engine
         self.proxy_args = s.proxy_args
         self._note("%s: %s %s" % (name, " ".join("%s=%s" % kv for kv in envs), " ".join(cmd)))
         log("start %s (%s) on :%s, GPUs [%s], log %s" % (name, cfg, port, gpus, logf))
@@ -316,6 +324,12 @@ class Pair:
         self.p_log, self.d_log, self.proxy_log = (os.path.join(self.work, "%s-%s.log" % (tag, x))
                                                   for x in ("p", "d", "proxy"))
         self.trace_dir = None
+        self.router = configs.router(cfg)
+        if self.router == "dynamo":
+            self.discovery = dynamo.discovery_dir()
+            if dynamo.add_chat_template(self.model):
+                log("added a plain chat_template to %s/tokenizer_config.json (Dynamo's frontend serves no model "
+                    "without one; completions never use it)" % self.model)
         if self.settings.get("HANDOFF_TRACE") == "1":
             self.trace_dir = os.path.join(self.work, "%s-trace" % tag)
             shutil.rmtree(self.trace_dir, ignore_errors=True)
@@ -331,7 +345,7 @@ class Pair:
         self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
         self.wait_ready("D[%s]" % cfg, self.url("D", "/health"), d, self.d_log)
         self.start_proxy()
-        if configs.base(cfg).startswith("shim"):
+        if configs.uses_shim(cfg):
             self.check_shim_active(self.p_log, self.d_log)
         if cfg.startswith(configs.NEGATIVE_PREFIX):
             self.check_negative_control_active(self.d_log)
@@ -343,6 +357,7 @@ class Pair:
         self.assign_gpus()
         self.p_log, self.d_log, self.d_reg_report = os.path.join(self.work, "%s-p.log" % tag), None, None
         self.trace_dir = None  # no handoff without D
+        self.router = "proxy"  # P alone is always `vllm serve`
         p = self.start_server("P[%s]" % cfg, cfg, self.settings.get("PORT_P"), self.settings.get("SIDE_P"),
                               self.p_gpus, self.tp_p, self.p_log)
         self.wait_ready("P[%s]" % cfg, self.url("P", "/health"), p, self.p_log)
@@ -351,7 +366,11 @@ class Pair:
 
     def restart_decode(self, cfg, tag):
         """Keeps P of the running pair and replaces D and the proxy by a D with ``cfg``'s settings:
-        a negative control right after its own config (P is the same; one start-up saved)."""
+        a negative control right after its own config (P is the same; one start-up saved).  Through Dynamo the
+        whole pair starts anew (a fresh discovery folder: the frontend must not route to the stopped D's keys)."""
+        if self.router == "dynamo":
+            self.stop_all()
+            return self.start_pair(cfg, tag)
         keep = []
         for name, proc, logf in reversed(self.procs):
             if name.startswith("D[") or name == "proxy":
@@ -374,6 +393,8 @@ class Pair:
             self.check_negative_control_active(self.d_log)
 
     def start_proxy(self):
+        if self.router == "dynamo":
+            return self.start_frontend()
         cmd = [self.settings.get("PY"), os.path.join(EXP_DIR, "pd_proxy.py"), "--port",
                self.settings.get("PORT_PROXY"), "--prefill", self.url("P", ""), "--decode",
                self.url("D", "")] + list(self.proxy_args)
@@ -384,6 +405,38 @@ class Pair:
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(("proxy", proc, self.proxy_log))
         self.wait_ready("proxy", self.url("proxy", "/health"), proc, self.proxy_log, 60)
+
+    def start_frontend(self):
+        """Dynamo's frontend on PORT_PROXY; ready once it lists the model and has found the prefill worker."""
+        port = self.settings.get("PORT_PROXY")
+        cmd = dynamo.frontend_command(self.settings.get("PY"), port)
+        env = self.child_env()
+        env.update(dynamo.common_env(self.discovery))
+        self._note("frontend: %s %s" % (" ".join("%s=%s" % kv for kv in sorted(dynamo.common_env(self.discovery)
+                                                                                   .items())), " ".join(cmd)))
+        log("start Dynamo's frontend on :%s, log %s" % (port, self.proxy_log))
+        with open(self.proxy_log, "w") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.procs.append(("proxy", proc, self.proxy_log))
+        t0, limit = time.monotonic(), 120
+        while True:
+            try:
+                with urllib.request.urlopen(self.url("proxy", "/v1/models"), timeout=5) as r:
+                    page = r.read().decode()
+            except Exception:
+                page = None
+            with open(self.proxy_log, errors="replace") as f:
+                if dynamo.frontend_ready(page, f.read(), self.model):
+                    break
+            dead = [name for name, p, _ in self.procs if p.poll() is not None]
+            if dead or time.monotonic() - t0 >= limit:
+                log_tail(self.proxy_log, 60)
+                die(EXIT_SETUP, "Dynamo's frontend %s (see %s)" % (
+                    "saw %s exit" % " ".join(dead) if dead else
+                    "did not list %s with a prefill worker within %ds" % (self.model, limit), self.proxy_log))
+            time.sleep(READY_POLL_S)
+        log("frontend ready after %ds (model listed, prefill worker found)" % (time.monotonic() - t0))
 
     def proxy_trace(self):
         return os.path.join(self.trace_dir, "proxy.jsonl") if self.trace_dir else None
@@ -433,6 +486,8 @@ class Pair:
         if self.procs:
             log("stopped %s" % " ".join(name for name, _, _ in self.procs))
         self.procs = []
+        dynamo.remove_discovery(self.discovery)
+        self.discovery = None
 
     # ------------------------------------------------------------------ load and D's KV lines
     def fragmenting_load(self, url, n, out_len, logf, timeout=None):

@@ -15,7 +15,7 @@ PER_REP = ("run_ids", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl
            "mean_tpot_ms", "median_tpot_ms", "total_tok_s",
            "completed", "failed", "descriptors_per_transfer", "descriptors_per_block_reps",
            "proxy_prefill_ms", "proxy_decode_first_ms", "d_ttft_ms", "d_queue_ms", "d_prefill_ms",
-           "handoff_trace")
+           "handoff_trace", "frontend")
 
 
 def _median(xs):
@@ -38,6 +38,7 @@ def cell_from_runs(config, input_len, output_len, num_prompts, runs, kvs, comman
         cell["proxy_prefill_ms"].append(px.get("prefill_ms_mean"))
         cell["proxy_decode_first_ms"].append(px.get("decode_first_ms_mean"))
         cell["handoff_trace"].append(px.get("handoff"))  # HANDOFF_TRACE=1: per-request split (pdtools/handoff.py)
+        cell["frontend"].append(px.get("frontend"))      # Dynamo's frontend: its timing histograms over the rep
         cell["run_ids"].append(r.get("_run_id") or "%s-%d" % (r.get("date", time.strftime("%Y%m%d-%H%M%S")), i))
         cell["mean_ttft_ms"].append(r.get("mean_ttft_ms"))
         cell["median_ttft_ms"].append(r.get("median_ttft_ms"))

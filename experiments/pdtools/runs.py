@@ -28,11 +28,11 @@ def load_json(path):
 
 
 def run_to_file(url, model, label, lengths, max_tokens, out, seed=0, logprobs=5, prom_url=None, bytes_per_block=0,
-                kv_wait=15.0, quiet=False):
+                kv_wait=15.0, quiet=False, vocab=None):
     """The fixed greedy prompts to one endpoint; writes {"label", "url", "results"} to ``out`` and
     prints one line per prompt (unless ``quiet``).  Returns the results."""
     res = equiv_run(url, model, lengths, max_tokens, seed, logprobs=logprobs, prom_url=prom_url,
-                    bytes_per_block=bytes_per_block, kv_wait_s=kv_wait)
+                    bytes_per_block=bytes_per_block, kv_wait_s=kv_wait, vocab=vocab)
     with open(out, "w") as f:
         json.dump({"label": label, "url": url, "results": res}, f, indent=1)
     if not quiet:

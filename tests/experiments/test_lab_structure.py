@@ -16,7 +16,7 @@ PKG = os.path.join(EXP, "pdtools")
 #: modules, lies below the rooms that ask them: kvmetrics asks the package's model shapes through it)
 FLOORS = {
     "gates": -1,
-    "settings": 0, "client": 0, "prompts": 0, "vllminfo": 0, "kvmetrics": 0, "handoff": 0, "archive": 0,
+    "settings": 0, "client": 0, "prompts": 0, "vllminfo": 0, "kvmetrics": 0, "handoff": 0, "archive": 0, "dynamo": 0,
     "results": 1, "equivalence": 1, "configs": 1, "cpuchecks": 1,
     "runs": 2, "pair": 2, "report": 2,
     "job_equivalence": 3, "job_bench": 3, "job_upstream": 3,
