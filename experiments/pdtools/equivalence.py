@@ -157,7 +157,8 @@ def kv_pulled(prom_url, before, bytes_per_block, wait_s=15.0, poll_s=0.25):
 def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logprobs=TOP_LOGPROBS,
                    prom_url=None, bytes_per_block=0, kv_wait_s=15.0, vocab=None):
     """One greedy completion; returns a dict with token ids (or text as last resort), the
-    logprobs, and (with ``prom_url``: D's /metrics) the KV that D pulled for it.  ``vocab`` (token string -> id):
+    logprobs, and (with ``prom_url``: D's /metrics) the KV that D pulled for it.  ``vocab`` (token string -> id;
+    {} when the model has none: the ids stay unknown):
     the server takes OpenAI's completions fields alone (Dynamo's frontend refuses vLLM's ``return_token_ids``),
     so the ids are read back from the logprobs' token strings (at least 1 logprob is asked for)."""
     body = {
@@ -167,7 +168,7 @@ def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logp
         "temperature": 0.0,
         "ignore_eos": True,
     }
-    if vocab:
+    if vocab is not None:
         body["logprobs"] = max(1, logprobs or 0)
     else:
         body["return_token_ids"] = True
@@ -178,7 +179,7 @@ def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logp
     resp = http_json(url, body, timeout=timeout)
     choice = resp["choices"][0]
     ids, method = _extract_token_ids(choice)
-    if ids is None and vocab:
+    if ids is None and vocab is not None:
         ids = ids_from_token_strings(choice, vocab)
         method = "logprobs_tokens_vocab" if ids is not None else None
     elif ids is None:  # older release: ask for logprobs with ids spelled out

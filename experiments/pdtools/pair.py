@@ -327,6 +327,7 @@ class Pair:
         self.router = configs.router(cfg)
         if self.router == "dynamo":
             self.discovery = dynamo.discovery_dir()
+            log("Dynamo discovery folder %s" % self.discovery)
             if dynamo.add_chat_template(self.model):
                 log("added a plain chat_template to %s/tokenizer_config.json (Dynamo's frontend serves no model "
                     "without one; completions never use it)" % self.model)

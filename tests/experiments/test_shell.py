@@ -911,3 +911,59 @@ def test_a_config_named_twice_alternates_and_its_cell_gains_repetitions(tmp_path
     cells = {c["config"]: c for c in json.loads(res.read_text())["cells"]}
     assert (cells["stock"]["reps"], cells["shim"]["reps"]) == (2, 1)
     assert len(set(cells["stock"]["run_ids"])) == 2
+
+
+def _word_vocab(model):
+    """The lab model's word tokenizer as far as the fake servers speak it: "w<k>" is id k."""
+    (model / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"w%d" % k: k for k in range(32000)}},
+                                                      "added_tokens": []}))
+    (model / "tokenizer_config.json").write_text(json.dumps({}))
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_equivalence_through_dynamo_with_fake_dynamo(tmp_path):
+    """dynamo-<config>: P and D as Dynamo workers behind its frontend (the fake package beside the fake vLLM),
+    compared with the lab's local prefill of the first config; the ids read back through the vocabulary, the
+    negative control through Dynamo detected, the descriptors counted from D's system port."""
+    e = _env(tmp_path, EQ_CONFIGS="stock dynamo-stock dynamo-shim", EQ_LENGTHS="5,100",
+             EQ_NEGATIVE_CONTROL="dynamo-shim", EQ_NC_LENGTHS="100", EQ_JSON=str(tmp_path / "eq.json"))
+    _word_vocab(tmp_path / "model")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_equivalence.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "eq.json").read_text())
+    assert [x["label"] for x in s["runs"]] == ["local:stock", "pd:stock", "pd:dynamo-stock", "pd:dynamo-shim",
+                                               "pd:nc-dynamo-shim"]
+    assert s["equivalence_pass"] and s["logprob_pass"] and s["pass"] and s["negative_control_pass"] is True
+    assert s["configs"]["dynamo-stock"]["descriptors_per_block"] == pytest.approx(56)
+    assert s["configs"]["dynamo-shim"]["descriptors_per_block"] == pytest.approx(1)
+    work = tmp_path / "work"
+    pd = json.loads((work / "eq-pd-dynamo-shim.json").read_text())["results"]
+    assert {x["method"] for x in pd} == {"logprobs_tokens_vocab"} and all(x["kv"]["transfers"] == 1 for x in pd)
+    assert "Prefill worker detected" in (work / "eq-dynamo-shim-proxy.log").read_text()
+    for side, role in (("p", "prefill"), ("d", "decode")):
+        assert "fake dynamo.vllm: %s worker" % role in (work / ("eq-dynamo-shim-%s.log" % side)).read_text()
+    assert "xlkv negative control: armed" in (work / "eq-nc-dynamo-shim-d.log").read_text()
+    assert json.loads((tmp_path / "model" / "tokenizer_config.json").read_text())["chat_template"]
+    folders = re.findall(r"Dynamo discovery folder (\S+)", r.stderr)
+    assert len(folders) == 3 and not any(os.path.exists(f) for f in folders)   # one per pair, removed at its stop
+
+
+@aiohttp_needed
+@pytest.mark.slow
+def test_bench_through_dynamo_keeps_the_frontends_histograms_per_repetition(tmp_path):
+    res = tmp_path / "results" / "r.json"
+    e = _env(tmp_path, CONFIGS="dynamo-shim-detok", INPUT_LENS="64", NUM_PROMPTS="4", REPS="2",
+             WARMUP_PROMPTS="1", RESULT_JSON=str(res))
+    _word_vocab(tmp_path / "model")
+    r = subprocess.run(["bash", os.path.join(EXP, "pd_bench.sh")], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (c,) = json.loads(res.read_text())["cells"]
+    assert c["config"] == "dynamo-shim-detok" and c["reps"] == 2 and c["kv_xfer"]["num_transfers"] == [4, 4]
+    assert c["descriptors_per_block"] == pytest.approx(1)
+    for rep in c["frontend"]:
+        assert rep["dynamo_frontend_time_to_first_token_seconds"]["n"] == 4
+        assert rep["dynamo_frontend_time_to_first_token_seconds"]["mean_ms"] > 0
+    assert "GET timings failed" not in r.stderr
