@@ -4,7 +4,10 @@ vLLM workers (``python -m dynamo.vllm --disaggregation-mode prefill|decode``) be
 CPU first (experiments/probes/dynamo_pd_cpu.py, results/2026-11-29-dynamo-cpu.json):
 
 - discovery: Dynamo's ``file`` backend (a folder of keys, each kept alive by its owner; no etcd to carry), one
-  folder per pair under /dev/shm; request plane TCP, event plane zmq, every plane bound to 127.0.0.1;
+  folder per pair under /dev/shm; or, with DYNAMO_ETCD=<etcd binary> (Debian's etcd-server, a static Go binary
+  that can be carried), its default ``etcd`` backend on a private etcd per pair (on the loaded 2-core machine
+  here a file key once expired mid-request; etcd's lease is ETCD_LEASE_TTL=60 s); request plane TCP, event
+  plane zmq, every plane bound to 127.0.0.1;
 - each worker's system server on the port the lab gives that server (DYN_SYSTEM_PORT = PORT_P / PORT_D): its
   ``/health`` answers 503 until the worker's endpoints serve, then 200, and its ``/metrics`` carries vLLM's own
   counters (``vllm:nixl_*`` on decode) with Dynamo's labels added, so the lab's readiness wait and its NIXL
@@ -40,13 +43,23 @@ def remove_discovery(path):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def common_env(discovery, request_timeout=600):
-    """The variables every Dynamo process of one pair gets (frontend and both workers)."""
-    return {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": discovery, "DYN_EVENT_PLANE": "zmq",
+def etcd_command(etcd, discovery, port):
+    """A private etcd for one pair: its data in the pair's discovery folder, client port ``port`` (peer port + 1)."""
+    return [etcd, "--data-dir", os.path.join(discovery, "etcd"), "--listen-client-urls", "http://127.0.0.1:%d" % port,
+            "--advertise-client-urls", "http://127.0.0.1:%d" % port, "--listen-peer-urls",
+            "http://127.0.0.1:%d" % (port + 1)]
+
+
+def common_env(discovery, request_timeout=600, etcd_port=None):
+    """The variables every Dynamo process of one pair gets (frontend and both workers): file discovery in
+    ``discovery``, or etcd on ``etcd_port``."""
+    backend = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": discovery} if etcd_port is None else {
+        "DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": "http://127.0.0.1:%d" % etcd_port, "ETCD_LEASE_TTL": "60"}
+    return dict(backend, **{"DYN_EVENT_PLANE": "zmq",
             "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
             "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_SYSTEM_HOST": "127.0.0.1",
             "DYN_TCP_REQUEST_TIMEOUT": str(request_timeout), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-            "VLLM_HOST_IP": "127.0.0.1"}
+            "VLLM_HOST_IP": "127.0.0.1"})
 
 
 def worker_command(python, model, role, engine_args):

@@ -130,6 +130,7 @@ class Pair:
         self.trace_dir = None      # HANDOFF_TRACE=1: the pair's handoff trace (engines' and proxy's lines)
         self.router = "proxy"      # who routes the running pair's requests: "proxy" or "dynamo" (configs.router)
         self.discovery = None      # the running Dynamo pair's discovery folder
+        self.etcd_port = None      # ... and its etcd's client port (DYNAMO_ETCD), else file discovery
 
     def __enter__(self):
         return self
@@ -259,7 +260,7 @@ class Pair:
         if self.trace_dir:
             envs.append(("XLKV_TRACE_HANDOFF", self.trace_dir))
         if self.router == "dynamo":    # the worker's system server (/health, /metrics) on the server's lab port
-            envs += sorted(dynamo.common_env(self.discovery).items()) + [("DYN_SYSTEM_PORT", str(port)),
+            envs += sorted(self.dynamo_env().items()) + [("DYN_SYSTEM_PORT", str(port)),
                                                                         ("UCX_RCACHE_MAX_UNRELEASED", "1024")]
         if is_d:
             envs += list(s.d_env.items())
@@ -328,6 +329,7 @@ class Pair:
         if self.router == "dynamo":
             self.discovery = dynamo.discovery_dir()
             log("Dynamo discovery folder %s" % self.discovery)
+            self.start_etcd()
             if dynamo.add_chat_template(self.model):
                 log("added a plain chat_template to %s/tokenizer_config.json (Dynamo's frontend serves no model "
                     "without one; completions never use it)" % self.model)
@@ -407,14 +409,42 @@ class Pair:
         self.procs.append(("proxy", proc, self.proxy_log))
         self.wait_ready("proxy", self.url("proxy", "/health"), proc, self.proxy_log, 60)
 
+    def dynamo_env(self):
+        return dynamo.common_env(self.discovery, etcd_port=self.etcd_port)
+
+    def start_etcd(self):
+        """DYNAMO_ETCD=<etcd binary>: the pair's own etcd (Dynamo's default discovery) on DYNAMO_ETCD_PORT (23790),
+        ready when it takes a TCP connection; else file discovery (self.etcd_port None)."""
+        etcd = self.settings.get("DYNAMO_ETCD")
+        self.etcd_port = None
+        if not etcd:
+            return
+        port = self.settings.get_int("DYNAMO_ETCD_PORT", "23790")
+        require_ports_free(port, port + 1)
+        logf = os.path.join(self.work, "etcd.log")
+        cmd = dynamo.etcd_command(etcd, self.discovery, port)
+        self._note("etcd: " + " ".join(cmd))
+        with open(logf, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.procs.append(("etcd", proc, logf))
+        t0 = time.monotonic()
+        while not port_in_use(port):
+            if proc.poll() is not None or time.monotonic() - t0 > 30:
+                log_tail(logf)
+                die(EXIT_SETUP, "etcd (%s) did not listen on %d (see %s)" % (etcd, port, logf))
+            time.sleep(READY_POLL_S)
+        self.etcd_port = port
+        log("etcd ready on :%d after %.1fs (Dynamo discovery: etcd)" % (port, time.monotonic() - t0))
+
     def start_frontend(self):
         """Dynamo's frontend on PORT_PROXY; ready once it lists the model and has found the prefill worker."""
         port = self.settings.get("PORT_PROXY")
         cmd = dynamo.frontend_command(self.settings.get("PY"), port)
         env = self.child_env()
-        env.update(dynamo.common_env(self.discovery))
-        self._note("frontend: %s %s" % (" ".join("%s=%s" % kv for kv in sorted(dynamo.common_env(self.discovery)
-                                                                                   .items())), " ".join(cmd)))
+        env.update(self.dynamo_env())
+        self._note("frontend: %s %s" % (" ".join("%s=%s" % kv for kv in sorted(self.dynamo_env().items())),
+                                        " ".join(cmd)))
         log("start Dynamo's frontend on :%s, log %s" % (port, self.proxy_log))
         with open(self.proxy_log, "w") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -488,7 +518,7 @@ class Pair:
             log("stopped %s" % " ".join(name for name, _, _ in self.procs))
         self.procs = []
         dynamo.remove_discovery(self.discovery)
-        self.discovery = None
+        self.discovery = self.etcd_port = None
 
     # ------------------------------------------------------------------ load and D's KV lines
     def fragmenting_load(self, url, n, out_len, logf, timeout=None):

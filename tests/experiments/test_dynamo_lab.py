@@ -129,3 +129,50 @@ def test_greedy_request_through_dynamo_sends_openai_fields_alone(monkeypatch):
     assert "return_token_ids" not in sent[0] and "return_tokens_as_token_ids" not in sent[0]
     assert sent[0]["logprobs"] == equivalence.TOP_LOGPROBS and sent[0]["ignore_eos"] is True
     assert (r["token_ids"], r["method"], r["logprobs"]) == ([7, 5], "logprobs_tokens_vocab", [-1.0, -2.0])
+
+
+FAKE_ETCD = r'''#!/usr/bin/env python3
+import socket, sys, time
+a = sys.argv[1:]
+port = int(a[a.index("--listen-client-urls") + 1].rsplit(":", 1)[1])
+open(a[a.index("--data-dir") + 1] + ".args", "w").write(" ".join(a))
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", port)); s.listen()
+time.sleep(600)
+'''
+
+
+def _free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("etcd", ["fake", "/usr/bin/etcd"])
+def test_dynamo_etcd_discovery_is_the_pairs_own(tmp_path, etcd):
+    """DYNAMO_ETCD: the pair starts its own etcd before the workers, every Dynamo process gets the etcd backend,
+    and stop_all ends it (its port free again)."""
+    if etcd == "fake":
+        etcd = str(tmp_path / "etcd")
+        with open(etcd, "w") as f:
+            f.write(FAKE_ETCD)
+        os.chmod(etcd, 0o755)
+    elif not os.access(etcd, os.X_OK):
+        pytest.skip("no etcd binary here (Debian's etcd-server); the fake one above stands in")
+    port = _free_port()
+    s = settings.Settings.read({"WORK": str(tmp_path / "work"), "PY": "/py", "DYNAMO_ETCD": etcd,
+                                "DYNAMO_ETCD_PORT": str(port)})
+    lab = pair.Pair(s)
+    lab.discovery = dynamo.discovery_dir()
+    try:
+        lab.start_etcd()
+        assert lab.etcd_port == port and pair.port_in_use(port)
+        env = lab.dynamo_env()
+        assert (env["DYN_DISCOVERY_BACKEND"], env["ETCD_ENDPOINTS"]) == ("etcd", "http://127.0.0.1:%d" % port)
+        assert "DYN_FILE_KV" not in env
+    finally:
+        lab.stop_all()
+    assert not pair.port_in_use(port) and lab.discovery is None and lab.etcd_port is None
+    assert dynamo.common_env("/d")["DYN_FILE_KV"] == "/d"
