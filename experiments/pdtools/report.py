@@ -18,11 +18,19 @@ import statistics
 import sys
 
 from .archive import load_json as _load_json
-from .configs import alone_for, is_alone
+from .configs import alone_for, is_alone, router
+from .dynamo import PREFIX as DYNAMO
 from .handoff import PARTS, SUBPARTS
 from .results import merge_results
 
-CONFIG_ORDER = ["prefill_only", "prefill_only-detok", "stock", "stock-v1", "shim", "shim-keep-order", "shim-ucx", "native", "native-v1"]
+CONFIG_ORDER = ["prefill_only", "prefill_only-detok", "stock", "stock-v1", "shim", "shim-keep-order", "shim-ucx", "native",
+                "native-v1", "dynamo-stock", "dynamo-native", "dynamo-shim", "dynamo-shim-detok"]
+
+
+def stock_of(cfg):
+    """The stock config a config's TTFT ratio is taken against: the one of its own router (dynamo-stock through
+    Dynamo's frontend, stock through the proxy)."""
+    return DYNAMO + "stock" if router(cfg) == "dynamo" else "stock"
 
 
 def _vals(xs):
@@ -65,11 +73,12 @@ def rows(doc):
     cells = sorted(doc.get("cells", []), key=lambda c: (c.get("input_len") or 0, c.get("max_concurrency") or 0,
                                                          _order(c.get("config"))))
     key = _compared
-    stock = {key(c): stats(c.get("mean_ttft_ms")) for c in cells if c.get("config") == "stock"}
+    stock = {(c["config"], key(c)): stats(c.get("mean_ttft_ms")) for c in cells
+             if c.get("config") in ("stock", DYNAMO + "stock")}
     alone = _alone(cells, key)
     for c in cells:
         s = stats(c.get("mean_ttft_ms"))
-        base = stock.get(key(c))
+        base = stock.get((stock_of(c["config"]), key(c)))
         limit = alone.get((alone_for(c["config"]), key(c)))
         state = c.get("state") or "fresh"
         tags = ([] if state == "fresh" else [state]) + (
@@ -95,7 +104,25 @@ def rows(doc):
             "failed": sum(_vals(c.get("failed"))),
             "ratio": (base["mean"] / s["mean"]) if (base and s and s["mean"] and not is_alone(c["config"]))
             else None,
+            "frontend": frontend_means(c.get("frontend")),
         })
+    return out
+
+
+#: the frontend series report.py prints (pdtools/dynamo.py keeps them all), in the order a request passes them
+FRONTEND_SHOWN = (("dynamo_frontend_stage_duration_seconds[preprocess]", "preprocess"),
+                  ("dynamo_frontend_stage_duration_seconds[route]", "route"),
+                  ("dynamo_frontend_stage_duration_seconds[transport_roundtrip]", "transport round trip"),
+                  ("dynamo_frontend_time_to_first_token_seconds", "frontend TTFT"))
+
+
+def frontend_means(reps):
+    """{series: mean over repetitions of its per-repetition mean ms} of a Dynamo cell's frontend histograms."""
+    out = {}
+    for name, _ in FRONTEND_SHOWN:
+        xs = [r[name]["mean_ms"] for r in reps or [] if r and name in r]
+        if xs:
+            out[name] = statistics.mean(xs)
     return out
 
 
@@ -106,9 +133,10 @@ def ratio_lines(doc):
     for r in rows(doc):
         by_len.setdefault((r["input_len"], r.get("max_concurrency") or 0), []).append(r)
     for L, conc in sorted(by_len):
-        parts = ["stock/%s %.2f×" % (r["config"], r["ratio"]) for r in by_len[(L, conc)]
-                 if r["config"].split(" ")[0] != "stock" and not is_alone(r["config"].split(" ")[0])
-                 and r["ratio"] is not None]
+        parts = ["%s/%s %.2f×" % (stock_of(r["config"].split(" ")[0]), r["config"], r["ratio"])
+                 for r in by_len[(L, conc)]
+                 if r["config"].split(" ")[0] != stock_of(r["config"].split(" ")[0])
+                 and not is_alone(r["config"].split(" ")[0]) and r["ratio"] is not None]
         if parts:
             out.append("- %d tokens%s: %s" % (L, ", at most %d at a time" % conc if conc else "", ", ".join(parts)))
     return out
@@ -167,6 +195,12 @@ def markdown(doc, wire=None):
     if split:
         lines += ["", "Where the P/D TTFT goes (pd_proxy.py's /timings, mean over requests and repetitions; "
                       "P's answer = the whole one-token prefill request, to compare with prefill_only's TTFT):"] + split
+    front = ["- %d tokens, %s: %s" % (r["input_len"], r["config"], ", ".join(
+        "%s %.1f ms" % (label, r["frontend"][name]) for name, label in FRONTEND_SHOWN if name in r["frontend"]))
+        for r in rows(doc) if r["frontend"]]
+    if front:
+        lines += ["", "Dynamo's frontend, its own histograms (mean per request, mean over repetitions; the "
+                      "transport round trip is dispatch to the first token back from the workers):"] + front
     kv = []
     for r in rows(doc):
         if r["avg_descriptors_per_transfer"] is None and r["avg_xfer_ms"] is None:
@@ -188,7 +222,8 @@ def markdown(doc, wire=None):
                           wire["median_ms"], wire.get("min_ms", wire["median_ms"]),
                           wire.get("max_ms", wire["median_ms"]), wire.get("reps", 0), wire.get("gb_s", 0))]
     notes = ["", "mean TTFT: per repetition, `vllm bench serve`'s mean over its prompts; mean ± sample std "
-             "and min–max over repetitions. stock/config > 1 means the config is faster than stock. "
+             "and min–max over repetitions. stock/config > 1 means the config is faster than stock (through "
+             "Dynamo: than dynamo-stock). "
              "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)."]
     split = handoff_markdown(doc)
     return "\n".join(head + lines + notes) + "\n" + ("\n" + split if split else "")

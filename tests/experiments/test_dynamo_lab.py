@@ -176,3 +176,21 @@ def test_dynamo_etcd_discovery_is_the_pairs_own(tmp_path, etcd):
         lab.stop_all()
     assert not pair.port_in_use(port) and lab.discovery is None and lab.etcd_port is None
     assert dynamo.common_env("/d")["DYN_FILE_KV"] == "/d"
+
+
+def test_report_compares_a_dynamo_config_with_dynamo_stock_and_shows_the_frontend():
+    from pdtools import report
+
+    def cell(cfg, ttft, frontend=None):
+        return {"config": cfg, "input_len": 10240, "num_prompts": 64, "max_concurrency": 64, "state": "fresh",
+                "mean_ttft_ms": ttft, "frontend": frontend}
+
+    front = [{"dynamo_frontend_time_to_first_token_seconds": {"n": 64, "mean_ms": 990.0},
+              "dynamo_frontend_stage_duration_seconds[route]": {"n": 64, "mean_ms": 0.2}}] * 3
+    doc = {"cells": [cell("stock", [3000.0] * 3), cell("shim", [1500.0] * 3), cell("dynamo-stock", [2000.0] * 3),
+                     cell("dynamo-shim-detok", [1000.0] * 3, front)]}
+    ratio = {r["config"].split(" ")[0]: r["ratio"] for r in report.rows(doc)}
+    assert ratio == {"stock": 1.0, "shim": 2.0, "dynamo-stock": 1.0, "dynamo-shim-detok": 2.0}
+    text = report.markdown(doc)
+    assert "dynamo-stock/dynamo-shim-detok [c64] 2.00×" in text and "stock/shim [c64] 2.00×" in text
+    assert "route 0.2 ms, frontend TTFT 990.0 ms" in text
