@@ -15,6 +15,10 @@ machine), also when `timeout` stops the call.
       wire         wire_copy.py: a timed GPU0 -> GPU1 copy of one 10240-token request's KV bytes
                    (wire-<date>.json in the results; needs two GPUs)
 
+PACK=NAME folds what the call leaves in $OUT, less console.txt and the staged release's results, into
+$OUT/NAME.tgz together with WORK's logs, commands and JSON files (the device tool returns at most 8 files: the
+registration reports and log extracts of a four-config call are more).
+
 Results on the GPU machine: RESULT_DIR (/tmp/xlkv-results; kept while the machine stays warm, so
 several bench calls accumulate into one JSON there); copies go to $OUT each call.  Exit code:
 that of the first failing step.
@@ -29,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 from . import job_bench, job_equivalence, report
@@ -156,12 +161,13 @@ def collect(rc, cell, console):
                         n += 1
     # only the staged release's results: the device tool returns a limited number of files, and
     # a second release's files would crowd out the logs (seen in the fourth session)
-    ver, other = site_version(cell.settings), []
+    ver, other, results = site_version(cell.settings), [], set()
     for pattern in ("*.json", "*.md", "*.png"):
         for f in sorted(glob.glob(os.path.join(result_dir, pattern))):
             n = os.path.basename(f)
             if not ver or "-%s-" % ver in n or n.endswith("-%s.json" % ver) or n.startswith("wire-"):
                 shutil.copy(f, out)
+                results.add(n)
             else:
                 other.append(n)
     if other:
@@ -173,6 +179,8 @@ def collect(rc, cell, console):
             sorted(glob.glob(os.path.join(work, "*-registration.json"))):
         if os.path.isfile(f):
             shutil.copy(f, out)
+    if cell.settings.get("PACK"):
+        pack(out, work, cell.settings.get("PACK"), keep=results)
     print("run_gpu_cell: exit %d; files in $OUT: %s console.txt" % (rc, " ".join(sorted(os.listdir(out)))),
           flush=True)
     sys.stderr.flush()
@@ -181,6 +189,32 @@ def collect(rc, cell, console):
         shutil.copy(console, os.path.join(out, "console.txt"))
     except OSError:
         pass
+
+
+#: WORK's files a PACK keeps (the model's weights and the bench client's own log stay out)
+PACKED = (".log", ".txt", ".json", ".jsonl")
+
+
+def pack(out, work, name, keep=()):
+    """Moves every file of ``out`` but console.txt and ``keep`` into out/NAME.tgz (under out/), with WORK's logs,
+    commands and JSON files two folders deep (under work/)."""
+    path = os.path.join(out, "%s.tgz" % name)
+    moved = [n for n in sorted(os.listdir(out)) if os.path.isfile(os.path.join(out, n))
+             and n not in keep and n != "console.txt" and n != os.path.basename(path)]
+    with tarfile.open(path, "w:gz") as tar:
+        for n in moved:
+            tar.add(os.path.join(out, n), arcname="out/" + n)
+        for d, _, files in os.walk(work) if os.path.isdir(work) else []:
+            rel = os.path.relpath(d, work)
+            if rel.count(os.sep) >= 1:      # WORK and its folders (bench/), not deeper
+                continue
+            for n in sorted(files):
+                if n.endswith(PACKED) and not n.startswith("bench-client"):
+                    tar.add(os.path.join(d, n), arcname=os.path.normpath(os.path.join("work", rel, n)))
+    for n in moved:
+        os.remove(os.path.join(out, n))
+    print("run_gpu_cell: packed %d files of $OUT and WORK's logs into %s (%d bytes)" % (
+        len(moved), os.path.basename(path), os.path.getsize(path)))
 
 
 def main(settings, argv):

@@ -194,3 +194,24 @@ def test_report_compares_a_dynamo_config_with_dynamo_stock_and_shows_the_fronten
     text = report.markdown(doc)
     assert "dynamo-stock/dynamo-shim-detok [c64] 2.00×" in text and "stock/shim [c64] 2.00×" in text
     assert "route 0.2 ms, frontend TTFT 990.0 ms" in text
+
+
+def test_pack_folds_out_into_one_file_and_keeps_the_results(tmp_path):
+    import tarfile
+    from pdtools import job_cell
+    out, work = tmp_path / "out", tmp_path / "work"
+    (work / "bench").mkdir(parents=True)
+    (work / "bench" / "deep").mkdir()
+    out.mkdir()
+    for n in ("logtails.txt", "loggrep.txt", "eq-a-d-registration.json", "2026-11-29-x-0.31.0-2xH200.json",
+              "console.txt"):
+        (out / n).write_text(n)
+    for n in ("eq-dynamo-shim-p.log", "commands.txt", "bench/r1.json", "bench/deep/no.json", "bench-client-1.log",
+              "model.safetensors"):
+        (work / n).write_text(n)
+    job_cell.pack(str(out), str(work), "call21", keep={"2026-11-29-x-0.31.0-2xH200.json"})
+    assert sorted(p.name for p in out.iterdir()) == ["2026-11-29-x-0.31.0-2xH200.json", "call21.tgz", "console.txt"]
+    with tarfile.open(out / "call21.tgz") as t:
+        names = sorted(t.getnames())
+    assert names == ["out/eq-a-d-registration.json", "out/loggrep.txt", "out/logtails.txt", "work/bench/r1.json",
+                     "work/commands.txt", "work/eq-dynamo-shim-p.log"]
