@@ -92,6 +92,11 @@ def main(argv=None):
     s.add_argument("archive")
     s.add_argument("member", nargs="?")
 
+    s = sub.add_parser("resummarize", help="judge a kept equivalence summary again from the run files its job left "
+                                           "in WORK (no server started; job_equivalence.resummarize)")
+    s.add_argument("eq_json")
+    s.add_argument("work")
+
     a = p.parse_args(argv)
     if a.cmd == "merge":
         cmd_merge(a)
@@ -104,6 +109,8 @@ def main(argv=None):
             sys.stdout.buffer.write(archive.read(a.archive, a.member))
         else:
             print("\n".join(archive.members(a.archive)))
+    elif a.cmd == "resummarize":
+        return job_equivalence.resummarize(a.eq_json, a.work)
     elif a.cmd == "gate":
         ok, why = gate(a.name, a.version)
         if not ok:

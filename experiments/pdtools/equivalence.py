@@ -40,6 +40,7 @@ import os
 import time
 
 from .client import http_json, http_text
+from .dynamo import PREFIX as DYNAMO
 from .kvmetrics import PROM_KEYS, descriptor_limit, parse_prom
 from .prompts import prompt_text
 
@@ -49,6 +50,25 @@ NEGATIVE_PREFIX = "nc-"
 
 def is_negative_control(config):
     return config.startswith(NEGATIVE_PREFIX)
+
+
+def is_shim(config):
+    """Does ``config`` run the shim (``shim``, ``shim-<variant>``, and the same through Dynamo)?  Its descriptors per
+    block are checked against the layout's limit."""
+    config = config[len(DYNAMO):] if config.startswith(DYNAMO) else config
+    return config == "shim" or config.startswith("shim-")
+
+
+def chosen_from_top(tokens, top):
+    """The chosen tokens' logprobs read from the top-k lists (each [[token, logprob], ...]) where the chosen token
+    (its string, as the logprobs' keys) is among them (greedy: always), else None at that position.  Dynamo's frontend prints
+    ``token_logprobs`` with float32's shortest digits (-7.9051385 for -7.9051384925842285, up to 4.6e-07 off), while
+    its ``top_logprobs`` carry the full value: the same number, read where it is exact."""
+    out = []
+    for i, t in enumerate(tokens):
+        entry = dict((k, v) for k, v in top[i]) if i < len(top) else {}
+        out.append(entry.get(t))
+    return out
 
 
 def _extract_token_ids(choice):
@@ -179,6 +199,7 @@ def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logp
     resp = http_json(url, body, timeout=timeout)
     choice = resp["choices"][0]
     ids, method = _extract_token_ids(choice)
+    printed = None
     if ids is None and vocab is not None:
         ids = ids_from_token_strings(choice, vocab)
         method = "logprobs_tokens_vocab" if ids is not None else None
@@ -192,6 +213,11 @@ def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logp
         ids, method = _extract_token_ids(choice)
     seconds = round(time.time() - t0, 3)
     chosen, top = _extract_logprobs(choice) if logprobs else (None, None)
+    if vocab is not None and chosen is not None and ids is not None:
+        # OpenAI's fields alone (Dynamo): the chosen logprob from its exact top-k entry, the printed one kept
+        tokens = (choice.get("logprobs") or {}).get("tokens") or []
+        exact = chosen_from_top(tokens, top)
+        printed, chosen = chosen, [e if e is not None else c for e, c in zip(exact, chosen)]
     out = {
         "prompt_len": n_tokens,
         "seed": seed,
@@ -204,6 +230,8 @@ def greedy_request(url, model, n_tokens, max_tokens, seed=0, timeout=600.0, logp
         "logprobs": chosen,
         "top_logprobs": top,
     }
+    if printed is not None:
+        out["logprobs_printed"] = printed
     if prom_url:
         out["kv"] = kv_pulled(prom_url, before, bytes_per_block, kv_wait_s)
     return out
@@ -424,12 +452,12 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
                  "kv_cache_groups": reg.get("num_kv_cache_groups"),
                  "kv_cache_layout": reg.get("kv_cache_layout"),
                  "registered_regions_per_block_id": kv.get("registered_regions_per_block_id")}
-        if (cfg == "shim" or cfg.startswith("shim-")) and kv.get("kept_stock_for_any_tp"):
+        if is_shim(cfg) and kv.get("kept_stock_for_any_tp"):
             # the shim kept the stock layout by design and said so (cross-layer blocks that
             # cannot be sliced by KV heads): no promise to check
             entry["limit"], entry["descriptor_pass"] = None, None
             entry["descriptor_note"] = "stock layout kept for any TP pairing: " + kv["kept_stock_for_any_tp"]
-        elif cfg == "shim" or cfg.startswith("shim-"):  # shim-ray, shim-keep-order: the shim as well
+        elif is_shim(cfg):  # shim-ray, shim-keep-order, dynamo-shim: the shim as well
             entry["limit"] = limit
             entry["descriptor_pass"] = dpb is not None and dpb <= limit + 0.05
             desc_ok = desc_ok and entry["descriptor_pass"]
@@ -488,7 +516,7 @@ def summarize_equivalence(runs, probes, lengths, batch_invariant=None, logprob_t
     return {"baseline": base_label, "reference": reference, "local_vs_pd_stock": local_vs_pd_stock,
             "other_runner_vs_reference": other_runner,
             "prompt_lengths": list(lengths), "runs": rows, "mismatches": mismatches,
-            "equivalence_pass": eq_ok, "descriptor_pass": desc_ok if any(c == "shim" or c.startswith("shim-") for c in probes) else None,
+            "equivalence_pass": eq_ok, "descriptor_pass": desc_ok if any(is_shim(c) for c in probes) else None,
             "logprob_pass": lp_ok, "logprob_problems": lp_problems, "logprob_tol": logprob_tol,
             "transfers_pass": xfer_ok, "transfer_problems": xfer_problems, "transfers": transfers,
             "distinct_ids": distinct_ids(base), "negative_control": negative,

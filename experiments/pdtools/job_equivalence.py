@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 
@@ -229,4 +230,47 @@ def main(settings, eq_json=None):
     s = summary_to_file(runs, probes, lengths, meta, eq_json, logprob_tol=tol, corruption=corruption,
                         reference=reference)
     log("summary JSON: %s" % eq_json)
+    return 0 if s["pass"] else EXIT_FAIL
+
+
+def resummarize(eq_json, work):
+    """The summary ``eq_json`` judged again with this checkout's rules from the run files its job left in ``work``
+    (eq-local-*.json, eq-pd-*.json, eq-probe-*.json): no server is started.  Runs through Dynamo get their chosen
+    logprobs from their own top-k lists (``chosen_from_top``; the printed ones kept as ``logprobs_printed``), the
+    ids mapped back to the lab tokenizer's strings (make_model.py: ``w<k>`` is id k).  The file is rewritten with
+    ``resummarized``: when, by which commit, what the verdict was before.  Its exit code (0: pass)."""
+    with open(eq_json) as f:
+        old = json.load(f)
+    runs, probes = {}, {}
+    for name in sorted(os.listdir(work)):
+        if not name.startswith(("eq-local-", "eq-pd-")) or not name.endswith(".json"):
+            continue
+        d = load_json(os.path.join(work, name))
+        cfg = d["label"].split(":", 1)[1]
+        if configs.router(cfg) == "dynamo":
+            for r in d["results"]:
+                if r.get("top_logprobs") and r.get("token_ids") is not None and "logprobs_printed" not in r:
+                    exact = equivalence.chosen_from_top(["w%d" % t for t in r["token_ids"]], r["top_logprobs"])
+                    r["logprobs_printed"] = r["logprobs"]
+                    r["logprobs"] = [e if e is not None else c for e, c in zip(exact, r["logprobs"])]
+        runs[d["label"]] = d["results"]
+    for name in sorted(os.listdir(work)):
+        if name.startswith("eq-probe-") and not name.startswith("eq-probe-run-") and name.endswith(".json"):
+            probes[name[len("eq-probe-"):-len(".json")]] = load_json(os.path.join(work, name))
+    order = [r["label"] for r in old.get("runs", [])] if isinstance(old.get("runs"), list) else []
+    runs = {l: runs[l] for l in order if l in runs} or runs
+    meta = {k: old[k] for k in ("model_family", "model_shape", "reference", "vllm_version", "gpu", "model",
+                                "block_size", "tp_p", "tp_d", "probe_len", "max_tokens", "serve_args",
+                                "batch_invariant", "cuda_graphs", "logprobs", "negative_control_requested",
+                                "fragment_prompts", "date") if k in old}
+    corruption = next((n.get("corruption") for n in old.get("negative_control") or [] if n.get("corruption")), None)
+    meta["resummarized"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                     text=True, cwd=os.path.dirname(os.path.abspath(__file__))
+                                                     ).stdout.strip(),
+                            "from": os.path.abspath(work), "pass_before": old.get("pass"),
+                            "logprob_problems_before": old.get("logprob_problems"),
+                            "descriptor_pass_before": old.get("descriptor_pass")}
+    s = summary_to_file(runs, probes, old["prompt_lengths"], meta, eq_json, logprob_tol=old.get("logprob_tol", 0.0),
+                        corruption=corruption, reference=old.get("reference", "local"))
     return 0 if s["pass"] else EXIT_FAIL

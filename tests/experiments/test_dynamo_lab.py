@@ -215,3 +215,19 @@ def test_pack_folds_out_into_one_file_and_keeps_the_results(tmp_path):
         names = sorted(t.getnames())
     assert names == ["out/eq-a-d-registration.json", "out/loggrep.txt", "out/logtails.txt", "work/bench/r1.json",
                      "work/commands.txt", "work/eq-dynamo-shim-p.log"]
+
+
+def test_through_dynamo_the_chosen_logprob_is_read_where_it_is_exact(monkeypatch):
+    """Dynamo 1.6.1 printed token_logprobs with float32's shortest digits (2026-11-29 lease: -7.9051385 for
+    -7.9051384925842285, up to 4.6e-07 off at every prompt) and the same values exactly in top_logprobs."""
+    def http_json(url, body, timeout=600.0):
+        return {"choices": [{"text": " w7 w5", "logprobs": {
+            "tokens": ["w7", "w5"], "token_logprobs": [-7.9051385, -2.0],
+            "top_logprobs": [{"w7": -7.9051384925842285, "w3": -8.0}, {"w5": -2.0, "w9": -2.5}]}}]}
+
+    monkeypatch.setattr(equivalence, "http_json", http_json)
+    r = equivalence.greedy_request("http://x/v1/completions", "/m", 8, 2, vocab={"w5": 5, "w7": 7, "w3": 3, "w9": 9})
+    assert r["logprobs"] == [-7.9051384925842285, -2.0] and r["logprobs_printed"] == [-7.9051385, -2.0]
+    assert equivalence.chosen_from_top(["w7", "w1"], [[["w7", -1.5]], [["w5", -2.0]]]) == [-1.5, None]
+    assert equivalence.is_shim("dynamo-shim-detok") and equivalence.is_shim("shim") and not equivalence.is_shim(
+        "dynamo-stock")

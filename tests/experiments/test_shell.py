@@ -938,7 +938,15 @@ def test_equivalence_through_dynamo_with_fake_dynamo(tmp_path):
     assert s["equivalence_pass"] and s["logprob_pass"] and s["pass"] and s["negative_control_pass"] is True
     assert s["configs"]["dynamo-stock"]["descriptors_per_block"] == pytest.approx(56)
     assert s["configs"]["dynamo-shim"]["descriptors_per_block"] == pytest.approx(1)
+    assert s["descriptor_pass"] is True and s["configs"]["dynamo-shim"]["descriptor_pass"] is True
     work = tmp_path / "work"
+    # judged again from the run files alone: the same verdict, said so in the file
+    r2 = subprocess.run([sys.executable, os.path.join(EXP, "pdtools"), "resummarize", str(tmp_path / "eq.json"),
+                         str(work)], capture_output=True, text=True, env=e, timeout=120)
+    assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
+    s2 = json.loads((tmp_path / "eq.json").read_text())
+    assert s2["pass"] and s2["resummarized"]["pass_before"] is True
+    assert [x["label"] for x in s2["runs"]] == [x["label"] for x in s["runs"]]
     pd = json.loads((work / "eq-pd-dynamo-shim.json").read_text())["results"]
     assert {x["method"] for x in pd} == {"logprobs_tokens_vocab"} and all(x["kv"]["transfers"] == 1 for x in pd)
     assert "Prefill worker detected" in (work / "eq-dynamo-shim-proxy.log").read_text()
