@@ -1661,8 +1661,128 @@ FUZZ_CLAIMS = [
     ("**Planted**: the tail cut at {} ids whatever the run", lambda: (prompt_tail.TAIL_IDS,)),
 ]
 
+DYNAMO = "2026-11-29-0.31.0-2xH200-dynamo.json"
+DYNAMO_EQ = "2026-11-29-equivalence-0.31.0-2xH200-dynamo-nc.json"
+DYNAMO_ROWS = (("dynamo-stock", "Dynamo"), ("dynamo-native", "Dynamo"), ("dynamo-shim-detok", "Dynamo"),
+               ("shim-detok", "the lab proxy"), ("prefill_only-detok", "none (P alone)"))
+
+
+def dyn(config, conc):
+    """The Dynamo lease's cell of ``config`` at 10240 tokens, 1 (10 prompts) or 64 at a time."""
+    return cell(DYNAMO, config, 10 if conc == 1 else 64, 10240)
+
+
+def dyn_front(config, conc, series):
+    return report.frontend_means(dyn(config, conc).get("frontend"))[series]
+
+
+TRANSPORT = "dynamo_frontend_stage_duration_seconds[transport_roundtrip]"
+FRONT_TTFT = "dynamo_frontend_time_to_first_token_seconds"
+
+
+def dyn_legs(config, conc):
+    """(legs per request, ms per request in them): Dynamo's transport_roundtrip stage counts each leg to a worker
+    (prefill, then decode), so a request's time in them is the stage's mean times its legs per request; means over the
+    repetitions."""
+    reps = dyn(config, conc)["frontend"]
+    per = [r[TRANSPORT]["n"] / r[FRONT_TTFT]["n"] for r in reps]
+    ms = [r[TRANSPORT]["mean_ms"] * r[TRANSPORT]["n"] / r[FRONT_TTFT]["n"] for r in reps]
+    return (per[0] if len(set(per)) == 1 else "?"), mean(ms)
+
+
+def dyn_table():
+    """The rows of the Dynamo section's table: per config, its router, mean TTFT one and 64 at a time (mean ± std),
+    dynamo-stock / config at 64, descriptors per transfer and xfer ms at 64."""
+    rows = []
+    for config, router in DYNAMO_ROWS:
+        c1, c64 = dyn(config, 1), dyn(config, 64)
+        alone = config.startswith("prefill_only")
+        rows.append("| `%s` | %s | %d | %s | %s | %s | %s | %s |" % (
+            config, router, c64["reps"], pm(c1), pm(c64),
+            "—" if alone else ratio(ttft(dyn("dynamo-stock", 64)), ttft(c64)),
+            "—" if alone else f1(c64["avg_descriptors_per_transfer"]), "—" if alone else f1(c64["avg_xfer_ms"])))
+    return " ".join(rows)
+
+
+def dyn_eq_words():
+    """PASS when the file passed with every Dynamo run's ids equal local stock's and both Dynamo runs equal stock
+    P/D; else FAIL."""
+    ok = (passed(DYNAMO_EQ) == "PASS" and identical_ids(DYNAMO_EQ, "pd:stock", "pd:dynamo-stock", "pd:dynamo-shim")
+          and eq(DYNAMO_EQ)["pd_vs_pd_stock"] == {"pd:dynamo-stock": [], "pd:dynamo-shim": []})
+    return verdict(ok)
+
+
+def dyn_printed_off():
+    """How far Dynamo's printed token_logprobs lay from the exact values (the resummary's problems before)."""
+    before = eq(DYNAMO_EQ)["resummarized"]["logprob_problems_before"]
+    xs = {float(re.search(r"difference\| ([\d.e+-]+)", b).group(1)) for b in before}
+    return "%.3g" % max(xs) if len(before) == 2 else "?"
+
+
+DYNAMO_CLAIMS = [
+    ("FLASH_ATTN, block {}, the Qwen3-0.6B shape, eager mode, {} output tokens; prompts of {} random tokens, {} one at "
+     "a time and {} at {} at a time. The {} Dynamo configs were started twice ({} repetitions per cell), `shim-detok` "
+     "and its prefill alone once ({}), {} failed requests",
+     lambda: (dyn("dynamo-stock", 1)["block_size"], dyn("dynamo-stock", 1)["output_len"],
+              dyn("dynamo-stock", 1)["input_len"], dyn("dynamo-stock", 1)["num_prompts"],
+              dyn("dynamo-stock", 64)["num_prompts"], dyn("dynamo-stock", 64)["max_concurrency"],
+              len([c for c, r in DYNAMO_ROWS if r == "Dynamo"]), dyn("dynamo-stock", 64)["reps"],
+              dyn("shim-detok", 64)["reps"],
+              sum(sum(dyn(c, n)["failed"]) for c, _ in DYNAMO_ROWS for n in (1, 64)))),
+    ("| config | router | reps | mean TTFT ms, one at a time | mean TTFT ms, {} at a time | `dynamo-stock` / config at {} "
+     "| descriptors per transfer at {} | NIXL xfer ms at {} | |---|---|---|---|---|---|---|---| {}",
+     lambda: (64, 64, 64, 64, dyn_table()) if dyn("dynamo-stock", 64)["max_concurrency"] == 64 else ("?",) * 5),
+    ("**Equivalence through Dynamo: {}.** Token ids and text of prompts of {} tokens identical for stock P/D (the lab "
+     "proxy), `dynamo-stock` and `dynamo-shim` against local stock, and their top-5 logprobs too (max |Δlogprob| {})",
+     lambda: (dyn_eq_words(), lengths(DYNAMO_EQ), "%g" % max(lp(DYNAMO_EQ, c) for c in ("dynamo-stock", "dynamo-shim")))),
+    ("prints `token_logprobs` with float32's shortest digits (-7.9051385 for -7.9051384925842285), {} off",
+     lambda: (dyn_printed_off(),)),
+    ("the negative control through Dynamo (`nc-dynamo-shim`: each request's first KV block given the next block's bytes) "
+     "detected with other ids (max |Δlogprob| {}). D registered {} regions per block with stock and {} with the shim; "
+     "the {}-block probe moved {} descriptors with stock, {} with the shim",
+     lambda: ("%.3f" % nc(DYNAMO_EQ, "nc-dynamo-shim"),
+              *(lambda a, b: (a[0], b[0]) if len(a) == len(b) == 1 else ("?", "?"))(
+                  eq(DYNAMO_EQ)["configs"]["dynamo-stock"]["registered_regions_per_block_id"],
+                  eq(DYNAMO_EQ)["configs"]["dynamo-shim"]["registered_regions_per_block_id"]),
+              f0(eq(DYNAMO_EQ)["configs"]["dynamo-shim"]["blocks_per_transfer"]),
+              f0(eq(DYNAMO_EQ)["configs"]["dynamo-stock"]["descriptors_per_transfer"]),
+              f0(eq(DYNAMO_EQ)["configs"]["dynamo-shim"]["descriptors_per_transfer"]))),
+    ("**64 × 10240**: `dynamo-shim-detok` {} ms against `dynamo-stock` {}: stock Dynamo takes **{}** as long (goal ≥ "
+     "1.3×, met). "
+     "Against Dynamo with vLLM's own `BLNHC` ({}) it is {} {} (goal ≥ 10% below: **not met**)",
+     lambda: (pm(dyn("dynamo-shim-detok", 64)), pm(dyn("dynamo-stock", 64)),
+              ratio(ttft(dyn("dynamo-stock", 64)), ttft(dyn("dynamo-shim-detok", 64))), pm(dyn("dynamo-native", 64)),
+              "%.1f%%" % abs(100 * (ttft(dyn("dynamo-shim-detok", 64)) / ttft(dyn("dynamo-native", 64)) - 1)),
+              "above" if ttft(dyn("dynamo-shim-detok", 64)) > ttft(dyn("dynamo-native", 64)) else "below")),
+    ("Descriptors per transfer at 64: {} with stock, {} with `BLNHC`, {} with the shim; NIXL's xfer time {}, {} and {} ms",
+     lambda: tuple(f1(dyn(c, 64)["avg_descriptors_per_transfer"]) for c in ("dynamo-stock", "dynamo-native",
+                                                                             "dynamo-shim-detok"))
+     + tuple(f1(dyn(c, 64)["avg_xfer_ms"]) for c in ("dynamo-stock", "dynamo-native", "dynamo-shim-detok"))),
+    ("**One at a time**: `dynamo-shim-detok` {} ms, {} over its prefill alone ({}; goal ≤ 40: **not met**); "
+     "`dynamo-stock` {} and `dynamo-native` {}",
+     lambda: (pm(dyn("dynamo-shim-detok", 1)),
+              "%+.0f" % (ttft(dyn("dynamo-shim-detok", 1)) - ttft(dyn("prefill_only-detok", 1))),
+              pm(dyn("prefill_only-detok", 1)), pm(dyn("dynamo-stock", 1)), pm(dyn("dynamo-native", 1)))),
+    ("Dynamo's frontend, by its own histograms (`dynamo-shim-detok`): its time to first token is {} ms one at a time and "
+     "{} at 64. Each request makes {} legs to the workers (prefill, then decode: the `transport_roundtrip` stage), "
+     "{} and {} ms of it; the frontend's own part (parsing and tokenising the request, routing, handing prefill's "
+     "answer to decode) is the rest, {} and {} ms, routing alone {} and {} ms",
+     lambda: (f1(dyn_front("dynamo-shim-detok", 1, FRONT_TTFT)), f1(dyn_front("dynamo-shim-detok", 64, FRONT_TTFT)),
+              "two" if dyn_legs("dynamo-shim-detok", 1)[0] == dyn_legs("dynamo-shim-detok", 64)[0] == 2 else "?",
+              f1(dyn_legs("dynamo-shim-detok", 1)[1]), f1(dyn_legs("dynamo-shim-detok", 64)[1]),
+              f1(dyn_front("dynamo-shim-detok", 1, FRONT_TTFT) - dyn_legs("dynamo-shim-detok", 1)[1]),
+              f1(dyn_front("dynamo-shim-detok", 64, FRONT_TTFT) - dyn_legs("dynamo-shim-detok", 64)[1]),
+              f2(dyn_front("dynamo-shim-detok", 1, "dynamo_frontend_stage_duration_seconds[route]")),
+              f2(dyn_front("dynamo-shim-detok", 64, "dynamo_frontend_stage_duration_seconds[route]")))),
+    ("the client's mean TTFT less the frontend's is {} ms one at a time and {} at 64",
+     lambda: tuple(f0(ttft(dyn("dynamo-shim-detok", n))
+                      - dyn_front("dynamo-shim-detok", n, "dynamo_frontend_time_to_first_token_seconds")) for n in (1, 64))),
+    ("The same shim through the lab proxy in the same lease: {} ms one at a time, {} at 64",
+     lambda: (pm(dyn("shim-detok", 1)), pm(dyn("shim-detok", 64)))),
+]
+
 CLAIMS = {"measurements.md": MEASUREMENTS + DETOK_TAIL_CLAIMS + FAILURE_CLAIMS + GRAPHS_CLAIMS + GRAPHS_C8_CLAIMS
-                             + GRAPHS_26_CLAIMS + GRAPHS_33B_CLAIMS + FUZZ_CLAIMS,
+                             + GRAPHS_26_CLAIMS + GRAPHS_33B_CLAIMS + FUZZ_CLAIMS + DYNAMO_CLAIMS,
           "deploy.md": DEPLOY, "README.md": README}
 
 # Numbers in the docs that are no measured figure: where they stand, nothing to compare with a file.

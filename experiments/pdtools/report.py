@@ -221,10 +221,11 @@ def markdown(doc, wire=None):
                           wire["bytes"] / 2 ** 30, " → ".join(wire.get("gpus") or ["GPU0", "GPU1"]),
                           wire["median_ms"], wire.get("min_ms", wire["median_ms"]),
                           wire.get("max_ms", wire["median_ms"]), wire.get("reps", 0), wire.get("gb_s", 0))]
+    through = " (through Dynamo: than dynamo-stock)" if any(router(c.get("config") or "") == "dynamo"
+                                                           for c in doc.get("cells", [])) else ""
     notes = ["", "mean TTFT: per repetition, `vllm bench serve`'s mean over its prompts; mean ± sample std "
-             "and min–max over repetitions. stock/config > 1 means the config is faster than stock (through "
-             "Dynamo: than dynamo-stock). "
-             "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)."]
+             "and min–max over repetitions. stock/config > 1 means the config is faster than stock%s. "
+             "desc/block: NIXL descriptors per KV block on the decode side (median over repetitions)." % through]
     split = handoff_markdown(doc)
     return "\n".join(head + lines + notes) + "\n" + ("\n" + split if split else "")
 
