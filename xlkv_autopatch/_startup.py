@@ -64,22 +64,9 @@ def activate(source):
     for note in removed_knob_notes():
         if logs.once(("removed", note)):
             logs.logger.warning("xlkv_autopatch: %s", note)
-    _warn_inert_knobs(logs)
+    registry.warn_inert_knobs()
     registry.REGISTRY.install(source=source, groups_provider=patches.all_groups)
     return True
-
-
-def _warn_inert_knobs(logs):
-    """A knob set on that does nothing on this vLLM release (XLKV_EQUAL_TP on 0.29+, XLKV_DETOK_TAIL where the
-    detokenizer primes no prompt): one WARNING per process, in the words ``status`` prints for it
-    (facts.knob_no_effect: the run and status say the same)."""
-    from .facts import current, knob_no_effect
-    from .flag import KNOBS
-
-    for k in KNOBS:
-        why = knob_no_effect(k.name, current(), "on")
-        if why and logs.once(("no-effect", k.name)):
-            logs.logger.warning("xlkv_autopatch: %s is set, but %s", k.name, why)
 
 
 def _how_it_came(source):

@@ -10,6 +10,7 @@ Pure Python: no vLLM import (the version comes from package metadata, see
 """
 
 import os
+import sys
 import threading
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple
@@ -68,10 +69,31 @@ def span_of(predicate):
     return ", ".join(rs[0].release if len(rs) == 1 else "%s-%s" % (rs[0].release, rs[-1].release) for rs in rows)
 
 
-def knob_no_effect(name, f, flag_state_, environ=None):
+#: the module of NVIDIA Dynamo's vLLM worker (``python -m dynamo.vllm``): its frontend detokenizes, so the worker
+#: never builds vLLM's incremental detokenizer (seen on 2026-11-29 with ai-dynamo 1.6.1 and vLLM 0.31.0: the
+#: XLKV_DETOK_TAIL patch set never applied in either worker)
+DYNAMO_WORKER = "dynamo.vllm"
+DYNAMO_DETOK = ("it does nothing in NVIDIA Dynamo's vLLM worker (%s): Dynamo's frontend detokenizes, and the worker "
+                "never builds vLLM's detokenizer" % DYNAMO_WORKER)
+
+
+def dynamo_worker_installed():
+    """Is NVIDIA Dynamo's vLLM worker installed beside this vLLM?  (Its package is found, not imported.)"""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(DYNAMO_WORKER.split(".")[0])
+    except (ImportError, ValueError):
+        return False
+    return bool(spec and spec.submodule_search_locations) and any(
+        os.path.isdir(os.path.join(p, DYNAMO_WORKER.split(".")[1])) for p in spec.submodule_search_locations)
+
+
+def knob_no_effect(name, f, flag_state_, environ=None, modules=None):
     """Why knob ``name``, set on, does nothing on the release of facts ``f`` with the flag as set (None: it
-    acts, or it is not on).  ``status`` prints it beside the knob, and start-up logs it (_startup.py): the run
-    and status say the same."""
+    acts, or it is not on).  ``modules``: the modules loaded in the asking process (default ``sys.modules``), where
+    NVIDIA Dynamo's worker shows.  ``status`` prints it beside the knob, and start-up and each vLLM module patched
+    log it (registry.warn_inert_knobs): the run and status say the same."""
     from . import layout
 
     if knob_state(name, environ) != "on" or name == FLAG:
@@ -84,6 +106,8 @@ def knob_no_effect(name, f, flag_state_, environ=None):
         if not f.detokenizer_primes_prompt:
             return ("it does nothing on vLLM %s: its detokenizer primes no prompt (it acts on vLLM %s)"
                     % (release_text(f), span_of(lambda x: x.detokenizer_primes_prompt)))
+        if DYNAMO_WORKER in (sys.modules if modules is None else modules):
+            return DYNAMO_DETOK
     if flag_state_ != "on" and ((os.environ if environ is None else environ).get(name) or "").strip():
         return "it does nothing while ENABLE_XLKV is not on (the shim is not active)"
     return None

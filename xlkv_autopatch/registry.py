@@ -25,7 +25,7 @@ import wrapt
 from . import facts, releases, versions
 from .errors import XlkvError, XlkvGuardError, XlkvUnsupportedVersion
 from .flag import knob_state
-from .logs import logger
+from .logs import logger, once
 from .specs import PatchSpec
 
 
@@ -309,6 +309,7 @@ class Registry:
                     "+".join(st.sources),
                     os.getpid(),
                 )
+                warn_inert_knobs()   # the process's modules now say more (NVIDIA Dynamo's worker imports vLLM)
             return applied
 
     def _gate(self, spec):
@@ -412,3 +413,16 @@ class Registry:
 
 
 REGISTRY = Registry()
+
+
+def warn_inert_knobs():
+    """A knob set on that does nothing here (XLKV_EQUAL_TP on 0.29+, XLKV_DETOK_TAIL where the detokenizer primes no
+    prompt or in NVIDIA Dynamo's worker): one WARNING per knob and process, in the words ``status`` prints for it
+    (facts.knob_no_effect: the run and status say the same).  Called at start-up and after each patch set applied,
+    when the process's modules (Dynamo's worker) are known."""
+    from .flag import KNOBS
+
+    for k in KNOBS:
+        why = facts.knob_no_effect(k.name, facts.current(), "on")
+        if why and once(("no-effect", k.name)):
+            logger.warning("xlkv_autopatch: %s is set, but %s", k.name, why)

@@ -342,6 +342,9 @@ def _collect_patches(out, resolve):
         out["switches"] = switches(f, state)
         for k in out["knobs"]:
             k["no_effect"] = facts.knob_no_effect(k["name"], f, state)
+            if k["name"] == "XLKV_DETOK_TAIL" and k["state"] == "on" and not k["no_effect"] \
+                    and facts.dynamo_worker_installed():   # this process is no Dynamo worker; the served one may be
+                k["no_effect_under_dynamo"] = facts.DYNAMO_DETOK
         bad_layout = invalid_layout_problem(f)
         if bad_layout:
             problems.append(bad_layout)
@@ -493,6 +496,8 @@ def render(info):
             what += " (default)"
         if k.get("no_effect"):
             what += ", but %s" % k["no_effect"]
+        if k.get("no_effect_under_dynamo"):
+            what += "; NVIDIA Dynamo is installed here, and %s (in `vllm serve` it acts)" % k["no_effect_under_dynamo"]
         lines.append("%s: %s -> %s" % (k["name"], _shown(k["value"]), what))
     if "knobs" in info:
         lines.append("  (each accepts 1/true/yes/on, 0/false/no/off, or unset/empty for its default)")

@@ -202,3 +202,54 @@ def test_start_up_warns_once_about_a_knob_that_does_nothing_on_this_release(monk
         assert [r for r in caplog.records if r.levelname == "WARNING"] == []
     finally:
         facts.reset()
+
+
+def test_the_detok_switch_is_said_to_do_nothing_in_dynamos_worker_only(monkeypatch, caplog, tmp_path):
+    """NVIDIA Dynamo's vLLM worker never builds vLLM's detokenizer (its frontend detokenizes: the GPU lease of
+    2026-11-29 saw the switch's patch set never applied there).  The run says so once the worker's module is loaded
+    (after a patch set is applied: start-up comes before Dynamo imports vLLM); a release where the switch does
+    nothing anyway keeps its own reason; status says it where Dynamo's worker is installed."""
+    import types
+    from xlkv_autopatch import facts, logs, registry, status_report
+
+    f33, f14 = facts.facts_for("0.33.0"), facts.facts_for("0.14.1")
+    env = {"XLKV_DETOK_TAIL": "true"}
+    assert facts.knob_no_effect("XLKV_DETOK_TAIL", f33, "on", env, modules={}) is None
+    assert facts.knob_no_effect("XLKV_DETOK_TAIL", f33, "on", env, modules={"dynamo.vllm": None}) == facts.DYNAMO_DETOK
+    assert "primes no prompt" in facts.knob_no_effect("XLKV_DETOK_TAIL", f14, "on", env, modules={"dynamo.vllm": None})
+    assert facts.knob_no_effect("XLKV_EQUAL_TP", facts.facts_for("0.26.0"), "on", {"XLKV_EQUAL_TP": "true"},
+                                modules={"dynamo.vllm": None}) is None
+    # the run: nothing before Dynamo's worker module is loaded, one WARNING after, none again
+    monkeypatch.setattr(logs, "_seen", set())
+    monkeypatch.setenv("XLKV_DETOK_TAIL", "true")
+    monkeypatch.setenv("XLKV_VLLM_VERSION", "0.33.0")
+    monkeypatch.delitem(sys.modules, "dynamo.vllm", raising=False)
+    facts.reset()
+    try:
+        with caplog.at_level("WARNING", logger="vllm.xlkv_autopatch"):
+            registry.warn_inert_knobs()
+            assert caplog.records == []
+            monkeypatch.setitem(sys.modules, "dynamo.vllm", types.ModuleType("dynamo.vllm"))
+            registry.warn_inert_knobs()
+            registry.warn_inert_knobs()
+        assert [r.getMessage() for r in caplog.records] == [
+            "xlkv_autopatch: XLKV_DETOK_TAIL is set, but " + facts.DYNAMO_DETOK]
+    finally:
+        facts.reset()
+    # status: Dynamo's worker installed beside vLLM (found, not imported)
+    monkeypatch.delitem(sys.modules, "dynamo.vllm", raising=False)
+    assert not facts.dynamo_worker_installed() or "dynamo" in sys.modules
+    (tmp_path / "dynamo" / "vllm").mkdir(parents=True)
+    (tmp_path / "dynamo" / "__init__.py").write_text("raise RuntimeError('status must not import Dynamo')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert facts.dynamo_worker_installed()
+    monkeypatch.setenv("ENABLE_XLKV", "true")
+    facts.reset()
+    try:
+        info = status_report.collect(resolve=False)
+    finally:
+        facts.reset()
+    [k] = [k for k in info["knobs"] if k["name"] == "XLKV_DETOK_TAIL"]
+    assert k["no_effect"] is None and k["no_effect_under_dynamo"] == facts.DYNAMO_DETOK
+    assert ("NVIDIA Dynamo is installed here, and %s (in `vllm serve` it acts)" % facts.DYNAMO_DETOK
+            in status_report.render(info))

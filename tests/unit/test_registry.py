@@ -398,3 +398,25 @@ def test_a_refused_precheck_keeps_its_own_fix_and_the_guard_repeats_it(tree):
     msg = str(again.value)
     assert "ENABLE_KVCACHED and ENABLE_XLKV are both set" in msg and "repeated" in msg
     assert "never imported" not in msg and "fork" not in msg
+
+
+def test_a_patch_set_applied_says_which_knob_does_nothing_in_this_process(tree, monkeypatch, caplog):
+    """After a patch set is applied the registry asks again which knob does nothing here: NVIDIA Dynamo's vLLM worker
+    is known only once it imports vLLM (start-up came before), and there XLKV_DETOK_TAIL does nothing."""
+    import types
+    from xlkv_autopatch import facts, logs
+
+    monkeypatch.setattr(logs, "_seen", set())
+    monkeypatch.setenv("XLKV_DETOK_TAIL", "true")
+    monkeypatch.setenv("XLKV_VLLM_VERSION", "0.33.0")
+    monkeypatch.setitem(sys.modules, "dynamo.vllm", types.ModuleType("dynamo.vllm"))
+    facts.reset()
+    reg = make_registry([group()])
+    try:
+        with caplog.at_level("WARNING", logger="vllm.xlkv_autopatch"):
+            assert reg.install(source="test") is True
+        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+            "xlkv_autopatch: XLKV_DETOK_TAIL is set, but " + facts.DYNAMO_DETOK]
+    finally:
+        reg.uninstall()
+        facts.reset()
