@@ -627,7 +627,7 @@ MEASUREMENTS = [
               span([r["median_ms"] / 1000 for r in ucx_runs(False)], f2),
               span([r["gb_per_s"] for r in ucx_runs(False)], f2),
               "cuda-ipc get zcopy disabled as no nvlinks detected"
-              if "cuda-ipc get zcopy disabled as no nvlinks detected" in read("experiments", "results", UCX) else "?")),
+              if "cuda-ipc get zcopy disabled as no nvlinks detected" in archive.read_text(os.path.join(RESULTS, UCX)) else "?")),
     ("With **`UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y`**: median {} ms (**{} GB/s**); {} × {} KiB: {} ms. Inside vLLM 0.15.1 "
      "(P and D on the one GPU, same variable): a {} MB transfer {} → {} ms, equivalence {}",
      lambda: (f2(ucx_run("get-zcopy", "cross-layer")["median_ms"]), f0(ucx_run("get-zcopy", "cross-layer")["gb_per_s"]),
