@@ -260,8 +260,8 @@ class Pair:
         if self.trace_dir:
             envs.append(("XLKV_TRACE_HANDOFF", self.trace_dir))
         if self.router == "dynamo":    # the worker's system server (/health, /metrics) on the server's lab port
-            envs += sorted(self.dynamo_env().items()) + [("DYN_SYSTEM_PORT", str(port)),
-                                                                        ("UCX_RCACHE_MAX_UNRELEASED", "1024")]
+            envs += sorted(self.dynamo_env().items())
+            envs += [("DYN_SYSTEM_PORT", str(port)), ("UCX_RCACHE_MAX_UNRELEASED", "1024")]
         if is_d:
             envs += list(s.d_env.items())
             # the registration report: the hook reads what vLLM registered
