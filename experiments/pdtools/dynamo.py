@@ -14,7 +14,7 @@ CPU first (experiments/probes/dynamo_pd_cpu.py, results/2026-11-29-dynamo-cpu.js
   counters work unchanged;
 - the frontend on PORT_PROXY; it serves a model only when its tokenizer_config.json has a ``chat_template``
   (``add_chat_template``), and takes only OpenAI's completions fields (``return_token_ids`` is refused with 400:
-  equivalence.py's ``api="openai"`` reads the ids back from the logprobs' token strings through the vocabulary);
+  equivalence.greedy_request with a ``vocab`` reads the ids back from the logprobs' token strings);
 - Dynamo's TCP request timeout (15 s by default) is raised: a 64 x 10240 burst queues longer than that.
 """
 
@@ -77,7 +77,9 @@ def frontend_command(python, port):
 
 
 def add_chat_template(model):
-    """Gives ``model``'s tokenizer_config.json a plain chat template where it has none; True when it changed."""
+    """Gives ``model``'s tokenizer_config.json a plain chat template where it has none; True when it changed.
+    Dynamo's frontend will not serve a model without one (its log: ``prompt_formatter_from_mdc: chat_template field
+    is required``), even for /v1/completions, and the lab's word tokenizer has none; completions never use it."""
     path = os.path.join(model, "tokenizer_config.json")
     with open(path) as f:
         cfg = json.load(f)

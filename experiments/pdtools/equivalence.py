@@ -66,8 +66,7 @@ def chosen_from_top(tokens, top):
     its ``top_logprobs`` carry the full value: the same number, read where it is exact."""
     out = []
     for i, t in enumerate(tokens):
-        entry = dict((k, v) for k, v in top[i]) if i < len(top) else {}
-        out.append(entry.get(t))
+        out.append(dict(top[i]).get(t) if i < len(top) else None)
     return out
 
 

@@ -51,6 +51,7 @@ import urllib.request
 
 import _vllm_cpu  # noqa: E402  (this folder's)
 from engine_pd_cpu import COMPARED, NC, handoff  # noqa: E402  (the sources compared; the lab's handoff trace)
+from pdtools.dynamo import CHAT_TEMPLATE, add_chat_template  # noqa: E402  (the lab's Dynamo configs add the same)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "xlkv-tiny"
@@ -73,7 +74,6 @@ if __name__ == "__main__":
     json.dump([{"ids": list(r.outputs[0].token_ids), "text": r.outputs[0].text} for r in res], open(out, "w"))
 '''
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 SHIM_LINE = re.compile(r"xlkv_autopatch: [^\n]*")
 KV_METRICS = re.compile(r"KV Transfer metrics: ([^\n]*)")
 
@@ -101,19 +101,6 @@ def versions(python, env):
             "('ai-dynamo', 'ai-dynamo-runtime', 'vllm', 'nixl', 'torch', 'xlkv_autopatch')}))")
     return json.loads(subprocess.run([python, "-c", code], env=env, check=True, capture_output=True,
                                      text=True).stdout.strip().splitlines()[-1])
-
-
-def add_chat_template(model):
-    """Dynamo's frontend will not serve a model whose tokenizer_config.json has no ``chat_template`` (its log:
-    ``prompt_formatter_from_mdc: chat_template field is required``), even for /v1/completions; the lab's word
-    tokenizer has none.  A plain one (the messages' contents joined) is added; completions never use it."""
-    path = os.path.join(model, "tokenizer_config.json")
-    with open(path) as f:
-        cfg = json.load(f)
-    if "chat_template" not in cfg:
-        cfg["chat_template"] = CHAT_TEMPLATE
-        with open(path, "w") as f:
-            json.dump(cfg, f, indent=1)
 
 
 def words(ids):
